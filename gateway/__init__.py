@@ -1,0 +1,1 @@
+"""tokenferry gateway: the stateless OpenAI-compatible HTTP front; no torch, no model."""

@@ -1,0 +1,48 @@
+"""Owns logging set-up: text or JSON lines, each carrying the request id of its context.
+
+Only entry points call ``configure_logging``; modules just use
+``logging.getLogger(__name__)``. The request id travels in a contextvar, so a
+line logged anywhere inside a request's task carries it without being passed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from contextvars import ContextVar
+
+request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
+
+_TEXT_FORMAT = "%(asctime)s %(levelname)-5s %(name)s [%(request_id)s] %(message)s"
+
+
+class RequestIdFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.request_id = request_id_var.get()
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line = {
+            "ts": self.formatTime(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "request_id": getattr(record, "request_id", "-"),
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            line["exc_info"] = self.formatException(record.exc_info)
+        return json.dumps(line)
+
+
+def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
+    handler = logging.StreamHandler()
+    handler.addFilter(RequestIdFilter())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT_FORMAT))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # Third-party chatter stays at WARNING unless the operator asks for DEBUG.
+    for noisy in ("httpx", "httpcore", "urllib3", "filelock", "asyncio"):
+        logging.getLogger(noisy).setLevel(max(logging.getLevelName(level), logging.WARNING))

@@ -1,0 +1,93 @@
+"""Owns worker registration: the worker's heartbeat (write side) and live-model lookups (read side).
+
+A worker's record is a key with a short TTL refreshed by its heartbeat, so a dead
+worker disappears within ``keys.WORKER_TTL_S`` without anyone cleaning up. A set
+indexes the records; readers prune members whose record has expired. Models seen
+in the last day are remembered so a request for a model whose workers are all
+gone gets 503 (come back later), while a model nobody ever served gets 404.
+"""
+
+from __future__ import annotations
+
+import time
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from redis.asyncio import Redis
+
+from shared import keys
+
+
+class WorkerInfo(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    worker_id: str
+    model: str
+    max_model_len: int
+    started_at: float
+
+
+class ModelAvailability(StrEnum):
+    LIVE = "live"
+    KNOWN = "known"  # served recently, no live worker now
+    UNKNOWN = "unknown"
+
+
+async def heartbeat(redis: Redis, info: WorkerInfo) -> None:
+    """Announce (or re-announce) a live worker; call every ``WORKER_TTL_S / 3`` seconds."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.set(keys.worker(info.worker_id), info.model_dump_json(), ex=keys.WORKER_TTL_S)
+        pipe.sadd(keys.workers_index(), info.worker_id)
+        pipe.hset(keys.known_models(), info.model, str(time.time()))
+        pipe.expire(keys.known_models(), keys.KNOWN_TTL_S)
+        await pipe.execute()
+
+
+async def deregister(redis: Redis, worker_id: str) -> None:
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.delete(keys.worker(worker_id))
+        pipe.srem(keys.workers_index(), worker_id)
+        await pipe.execute()
+
+
+async def live_workers(redis: Redis) -> list[WorkerInfo]:
+    """Workers whose heartbeat has not expired, pruning the index of those that have."""
+    worker_ids = [_text(member) for member in await redis.smembers(keys.workers_index())]
+    if not worker_ids:
+        return []
+    records = await redis.mget([keys.worker(worker_id) for worker_id in worker_ids])
+    live: list[WorkerInfo] = []
+    stale: list[str] = []
+    for worker_id, record in zip(worker_ids, records, strict=True):
+        info = _parse(record)
+        if info is None:
+            stale.append(worker_id)
+        else:
+            live.append(info)
+    if stale:
+        await redis.srem(keys.workers_index(), *stale)
+    return live
+
+
+async def model_availability(redis: Redis, model: str) -> tuple[ModelAvailability, WorkerInfo | None]:
+    """Whether ``model`` has a live worker (returned), was served recently, or is unknown."""
+    for info in await live_workers(redis):
+        if info.model == model:
+            return ModelAvailability.LIVE, info
+    seen_at = await redis.hget(keys.known_models(), model)
+    if seen_at is not None and time.time() - float(seen_at) < keys.KNOWN_TTL_S:
+        return ModelAvailability.KNOWN, None
+    return ModelAvailability.UNKNOWN, None
+
+
+def _parse(record: bytes | str | None) -> WorkerInfo | None:
+    if record is None:
+        return None
+    try:
+        return WorkerInfo.model_validate_json(record)
+    except ValidationError:
+        return None
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -1,0 +1,159 @@
+"""Owns configuration: gateway and worker settings, their sources and their precedence.
+
+Precedence, highest first, written once here:
+  1. the request's own fields (applied by the worker, see ``worker/params.py``)
+  2. command-line flags (passed to the settings as init values)
+  3. ``TOKENFERRY_*`` environment variables (``__`` separates nested keys)
+  4. the YAML file named by ``--config`` / ``TOKENFERRY_CONFIG``
+  5. the model's ``generation_config.json``
+  6. library defaults (the field defaults below, then transformers')
+
+Nothing is read at import time; entry points build settings and pass them down.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    InitSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+from shared.protocol import SamplingSpec
+
+BUNDLED_MODEL = "SmolLM2-135M-Instruct"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
+
+
+def _split_commas(value: object) -> object:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class _YamlFromConfigFile(PydanticBaseSettingsSource):
+    """Reads the YAML file whose path came from the init values or the environment."""
+
+    def __init__(self, settings_cls: type[BaseSettings], init: InitSettingsSource) -> None:
+        super().__init__(settings_cls)
+        self._init = init
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # unused: __call__ returns the whole mapping
+
+    def __call__(self) -> dict[str, Any]:
+        path = self._init.init_kwargs.get("config_file") or os.environ.get("TOKENFERRY_CONFIG")
+        if not path:
+            return {}
+        if not Path(path).is_file():
+            raise ValueError(f"config file {path} does not exist")
+        return YamlConfigSettingsSource(self.settings_cls, yaml_file=Path(path))()
+
+
+class _Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="TOKENFERRY_", env_nested_delimiter="__", extra="ignore", frozen=True
+    )
+
+    config_file: Path | None = Field(None, description="YAML file with the same keys as the flags.")
+    redis_url: str = Field(DEFAULT_REDIS_URL, description="redis:// or rediss:// URL shared by all processes.")
+    log_level: LogLevel = "INFO"
+    log_format: Literal["text", "json"] = "text"
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        assert isinstance(init_settings, InitSettingsSource)
+        return init_settings, env_settings, _YamlFromConfigFile(settings_cls, init_settings)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_scheme(cls, url: str) -> str:
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError("redis_url must start with redis://, rediss:// or unix://")
+        return url
+
+
+class GatewaySettings(_Settings):
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Bearer keys accepted; empty means no authentication."
+    )
+    request_timeout_s: float = Field(600.0, gt=0, description="Deadline for queue wait plus generation.")
+    max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+
+    _split_api_keys = field_validator("api_keys", mode="before")(_split_commas)
+
+
+class CompileOptions(BaseModel):
+    """Keyword arguments for ``torch.compile`` (mode, fullgraph, dynamic, backend, options)."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class WorkerSettings(_Settings):
+    model: str = Field(BUNDLED_MODEL, description="Hub id, local directory, .gguf file or the bundled default.")
+    served_model_name: str | None = Field(None, description="Name clients use; defaults to --model.")
+    engine: Literal["transformers", "fake"] = "transformers"
+    device: str = Field("auto", description="cpu, cuda, cuda:N or auto.")
+    dtype: Literal["auto", "float32", "float16", "bfloat16"] = "auto"
+    attn_implementation: str | None = Field(None, description="eager, sdpa, flash_attention_2, ...")
+    chat_template: Path | None = Field(None, description="Jinja2 file overriding the model's template.")
+    stop_sequences: Annotated[list[str] | None, NoDecode] = Field(None, description="Server default stop.")
+    ignore_eos: bool | None = Field(None, description="Server default for ignore_eos.")
+    default_sampling: SamplingSpec = Field(SamplingSpec(), description="Server defaults for sampling.")
+    compile: bool = False
+    compile_args: CompileOptions = CompileOptions()
+    cache_implementation: str | None = Field(None, description="transformers cache: dynamic, static, ...")
+    disable_kv_cache: bool = False
+    max_model_len: int | None = Field(None, gt=0, description="Context window; defaults to the model's.")
+    max_batch_size: int = Field(32, gt=0)
+    trust_remote_code: bool = False
+    cache_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "tokenferry", description="Converted-model cache."
+    )
+    poll_delay_s: float = Field(0.01, gt=0, description="arq queue poll interval.")
+    heartbeat_interval_s: float = Field(2.0, gt=0)
+    worker_id: str | None = None
+    fake_script: str = Field(
+        "The quick brown fox jumps over the lazy dog. Voilà, café ☕! ",
+        description="Text the fake engine generates (engine=fake only).",
+    )
+    fake_step_delay_s: float = Field(0.0, ge=0)
+
+    _split_stops = field_validator("stop_sequences", mode="before")(_split_commas)
+
+    @property
+    def model_name(self) -> str:
+        """The name clients ask for."""
+        return self.served_model_name or self.model
+
+    def server_sampling_defaults(self) -> SamplingSpec:
+        """The operator's defaults as a spec (None where the operator set nothing)."""
+        return self.default_sampling.model_copy(
+            update={"stop": self.stop_sequences, "ignore_eos": self.ignore_eos}
+        )
+
+    @model_validator(mode="after")
+    def _heartbeat_within_ttl(self) -> WorkerSettings:
+        from shared.keys import WORKER_TTL_S
+
+        if self.heartbeat_interval_s * 2 > WORKER_TTL_S:
+            raise ValueError(f"heartbeat_interval_s must be at most {WORKER_TTL_S / 2} s")
+        return self

@@ -1,0 +1,1 @@
+"""tokenferry worker: pulls generation jobs from Redis, runs the model, streams tokens back."""
