@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 
 request_id_var: ContextVar[str] = ContextVar("request_id", default="-")
@@ -46,3 +48,13 @@ def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
     # Third-party chatter stays at WARNING unless the operator asks for DEBUG.
     for noisy in ("httpx", "httpcore", "urllib3", "filelock", "asyncio"):
         logging.getLogger(noisy).setLevel(max(logging.getLevelName(level), logging.WARNING))
+
+
+@contextmanager
+def request_context(request_id: str) -> Iterator[None]:
+    """Tag log lines with ``request_id`` inside a loop that serves many requests."""
+    token = request_id_var.set(request_id)
+    try:
+        yield
+    finally:
+        request_id_var.reset(token)

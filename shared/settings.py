@@ -101,6 +101,14 @@ class GatewaySettings(_Settings):
     _split_api_keys = field_validator("api_keys", mode="before")(_split_commas)
 
 
+class ClientSettings(_Settings):
+    """Settings of the ``tokenferry chat`` / ``complete`` client commands."""
+
+    base_url: str = "http://127.0.0.1:8000/v1"
+    api_key: str = Field("not-needed", description="Bearer key sent to the gateway.")
+    model: str | None = Field(None, description="Model to call; defaults to the first one served.")
+
+
 class CompileOptions(BaseModel):
     """Keyword arguments for ``torch.compile`` (mode, fullgraph, dynamic, backend, options)."""
 

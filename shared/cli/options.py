@@ -1,0 +1,100 @@
+"""Owns the command-line flags of the server processes and their mapping onto settings fields.
+
+Flags default to ``argparse.SUPPRESS`` so only flags actually given become settings
+init values: a flag then beats the environment, which beats the YAML file.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from shared.settings import BUNDLED_MODEL
+
+Flags = list[argparse.Action]
+
+
+def _compile_args(value: str) -> dict[str, Any]:
+    """A YAML file path or inline YAML mapping, e.g. '{mode: reduce-overhead}'."""
+    path = Path(value)
+    text = path.read_text() if path.is_file() else value
+    loaded = yaml.safe_load(text)
+    if not isinstance(loaded, dict):
+        raise argparse.ArgumentTypeError("--compile-args needs a YAML mapping or a file holding one")
+    return loaded
+
+
+def add_common_flags(parser: argparse.ArgumentParser) -> Flags:
+    add = parser.add_argument
+    return [
+        add("--config", dest="config_file", metavar="FILE.yaml", help="YAML file with settings keys"),
+        add("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="DEBUG logs token-level detail"),
+        add("--log-format", choices=["text", "json"]),
+    ]
+
+
+def add_gateway_flags(parser: argparse.ArgumentParser) -> Flags:
+    add = parser.add_argument
+    return [
+        add("--api-key", dest="api_keys", action="append", metavar="KEY", help="accepted Bearer key (repeatable)"),
+        add("--request-timeout", dest="request_timeout_s", type=float, metavar="S", help="queue wait + generation"),
+        add("--max-body-bytes", type=int, metavar="N"),
+    ]
+
+
+def add_worker_flags(parser: argparse.ArgumentParser) -> Flags:
+    add = parser.add_argument
+    return [
+        add("--model", help=f"hub id, local directory, .gguf file, or {BUNDLED_MODEL} (default)"),
+        add("--served-model-name", help="name clients use (default: --model)"),
+        add("--engine", choices=["transformers", "fake"], help="fake: deterministic text, no model (tests)"),
+        add("--device", help="cpu, cuda, cuda:N or auto (default)"),
+        add("--dtype", choices=["auto", "float32", "float16", "bfloat16"]),
+        add("--attn-implementation", help="eager, sdpa, flash_attention_2, ..."),
+        add("--chat-template", type=Path, metavar="FILE", help="Jinja2 chat template overriding the model's"),
+        add("--stop-sequences", nargs="+", metavar="STOP", help="server default stop sequences"),
+        add("--ignore-eos", action=argparse.BooleanOptionalAction, help="server default for ignore_eos"),
+        add("--compile", action=argparse.BooleanOptionalAction, help="torch.compile the model's forward"),
+        add("--compile-args", type=_compile_args, metavar="YAML", help="torch.compile keyword arguments"),
+        add("--cache-implementation", choices=["dynamic", "static"], help="KV cache kind"),
+        add("--disable-kv-cache", action=argparse.BooleanOptionalAction),
+        add("--max-model-len", type=int, metavar="N", help="context window (default: the model's)"),
+        add("--max-batch-size", type=int, metavar="N"),
+        add("--trust-remote-code", action=argparse.BooleanOptionalAction),
+        add("--cache-dir", type=Path, help="where converted GGUF models are kept"),
+        add("--poll-delay", dest="poll_delay_s", type=float, metavar="S", help="queue poll interval"),
+    ]
+
+
+def add_redis_flag(parser: argparse.ArgumentParser) -> Flags:
+    return [parser.add_argument("--redis-url", help="redis:// URL shared by all processes (TOKENFERRY_REDIS_URL)")]
+
+
+def given(namespace: argparse.Namespace, flags: Flags) -> dict[str, Any]:
+    """The settings values the user actually passed among ``flags``."""
+    return {flag.dest: getattr(namespace, flag.dest) for flag in flags if hasattr(namespace, flag.dest)}
+
+
+def to_argv(values: dict[str, Any], flags: Flags) -> list[str]:
+    """Turn given values back into flags, to hand them to a child process."""
+    argv: list[str] = []
+    for flag in flags:
+        if flag.dest in values:
+            argv += _flag_argv(flag, values[flag.dest])
+    return argv
+
+
+def _flag_argv(flag: argparse.Action, value: Any) -> list[str]:
+    name = flag.option_strings[0]
+    if isinstance(flag, argparse.BooleanOptionalAction):
+        return [name if value else "--no-" + name.removeprefix("--")]
+    if isinstance(value, dict):
+        return [name, yaml.safe_dump(value, default_flow_style=True).strip()]
+    if isinstance(value, list):
+        if flag.nargs in ("+", "*"):
+            return [name, *map(str, value)]
+        return [part for item in value for part in (name, str(item))]  # a repeatable flag
+    return [name, str(value)]

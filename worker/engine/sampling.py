@@ -1,0 +1,96 @@
+"""Owns per-sequence logits processing and seeded sampling on top of transformers' processors.
+
+Each sequence carries its own processor list and its own ``torch.Generator``, so a
+seeded request draws the same tokens whatever else shares the worker.
+"""
+
+from __future__ import annotations
+
+import secrets
+
+import torch
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    MinNewTokensLengthLogitsProcessor,
+    MinPLogitsWarper,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
+
+from worker.engine import SamplingParams
+
+
+class OpenAIPenaltyProcessor(LogitsProcessor):
+    """OpenAI's presence and frequency penalties, counted over generated tokens only."""
+
+    def __init__(self, presence: float, frequency: float, prompt_length: int) -> None:
+        self._presence = presence
+        self._frequency = frequency
+        self._prompt_length = prompt_length
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        generated = input_ids[:, self._prompt_length :]
+        if generated.shape[1] == 0:
+            return scores
+        counts = torch.zeros_like(scores).scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        penalty = self._frequency * counts + self._presence * (counts > 0).to(scores.dtype)
+        return scores - penalty  # type: ignore[return-value]
+
+
+def build_processors(params: SamplingParams, prompt_length: int, eos_token_ids: frozenset[int]) -> LogitsProcessorList:
+    """Penalties first (they shape the distribution), then warpers when sampling."""
+    processors = LogitsProcessorList()
+    if params.repetition_penalty != 1.0:
+        processors.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
+    if params.presence_penalty or params.frequency_penalty:
+        processors.append(OpenAIPenaltyProcessor(params.presence_penalty, params.frequency_penalty, prompt_length))
+    if params.no_repeat_ngram_size > 0:
+        processors.append(NoRepeatNGramLogitsProcessor(params.no_repeat_ngram_size))
+    if params.min_new_tokens > 0 and eos_token_ids:
+        processors.append(
+            MinNewTokensLengthLogitsProcessor(prompt_length, params.min_new_tokens, sorted(eos_token_ids))
+        )
+    if not params.is_greedy:
+        processors.extend(_warpers(params))
+    return processors
+
+
+def _warpers(params: SamplingParams) -> list[LogitsProcessor]:
+    warpers: list[LogitsProcessor] = [TemperatureLogitsWarper(params.temperature)]
+    if params.top_k > 0:
+        warpers.append(TopKLogitsWarper(params.top_k))
+    if params.top_p < 1.0:
+        warpers.append(TopPLogitsWarper(params.top_p))
+    if params.typical_p < 1.0:
+        warpers.append(TypicalLogitsWarper(params.typical_p))
+    if params.min_p > 0.0:
+        warpers.append(MinPLogitsWarper(params.min_p))
+    return warpers
+
+
+def make_generator(params: SamplingParams, device: torch.device) -> torch.Generator | None:
+    """A private RNG per sampled sequence; unseeded requests get a fresh random seed."""
+    if params.is_greedy:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(params.seed if params.seed is not None else secrets.randbits(63))
+    return generator
+
+
+def choose_token(
+    logits: torch.Tensor,
+    input_ids: torch.LongTensor,
+    processors: LogitsProcessorList,
+    generator: torch.Generator | None,
+) -> int:
+    """Pick the next token from the last position's logits (shape [1, vocab])."""
+    scores = processors(input_ids, logits.float())
+    if generator is None:
+        return int(scores.argmax(dim=-1).item())
+    probabilities = torch.softmax(scores, dim=-1)
+    return int(torch.multinomial(probabilities, num_samples=1, generator=generator).item())

@@ -1,0 +1,165 @@
+"""Owns the worker process's composition: builds the backend, driver, registration and arq worker.
+
+``build_worker(settings)`` is the only place worker objects are wired together;
+tests call it with test settings (``engine="fake"``) exactly as the CLI does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from arq.worker import Worker, func
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from shared import jobqueue, keys, registry
+from shared.codec import deserialize_arq_job, serialize_arq_job
+from shared.settings import WorkerSettings
+from shared.streams import EventWriter
+from worker.admission import admit
+from worker.driver import EngineDriver
+from worker.engine import Engine
+from worker.jobs import WorkerContext, generate
+from worker.params import DefaultLayers, ModelLimits, spec_from_generation_config
+from worker.tokenization import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+# A generation may legitimately run long; failover does not rely on arq's timeout.
+JOB_TIMEOUT_S = 3600
+
+
+@dataclass
+class Backend:
+    engine: Engine
+    tokenizer: Tokenizer
+    generation_config: dict[str, Any]
+    max_model_len: int
+
+
+@dataclass
+class Runtime:
+    redis: Redis
+    driver: EngineDriver
+    info: registry.WorkerInfo
+    tasks: list[asyncio.Task[None]]
+
+
+def load_backend(settings: WorkerSettings) -> Backend:
+    """Build the engine and tokenizer named by the settings (blocking: call off the loop)."""
+    if settings.engine == "fake":
+        from worker.engine.fake import ByteTokenizer, FakeEngine
+
+        engine = FakeEngine(
+            settings.fake_script, step_delay_s=settings.fake_step_delay_s, max_batch_size=settings.max_batch_size
+        )
+        return Backend(engine, ByteTokenizer(), {}, settings.max_model_len or 4096)
+    return _load_transformers_backend(settings)
+
+
+def _load_transformers_backend(settings: WorkerSettings) -> Backend:
+    # Imported here so fake-engine workers (tests, load tests) never pay for torch.
+    import torch
+
+    from worker.engine.hf import TransformersEngine
+    from worker.model_loading import load_model
+    from worker.tokenization import HFTokenizer, load_chat_template
+
+    loaded = load_model(settings)
+    if settings.compile:
+        loaded.model.forward = torch.compile(loaded.model.forward, **settings.compile_args.model_dump())
+    template = load_chat_template(settings.chat_template) if settings.chat_template else None
+    eos = loaded.generation_config.get("eos_token_id")
+    extra_eos = [eos] if isinstance(eos, int) else list(eos or [])
+    tokenizer = HFTokenizer(loaded.tokenizer, chat_template=template, extra_eos_ids=extra_eos)
+    engine = TransformersEngine(
+        loaded.model,
+        max_batch_size=settings.max_batch_size,
+        cache_implementation=settings.cache_implementation,
+        use_cache=not settings.disable_kv_cache,
+    )
+    return Backend(engine, tokenizer, loaded.generation_config, loaded.max_model_len)
+
+
+def build_worker(settings: WorkerSettings, *, handle_signals: bool = True) -> Worker:
+    worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    ctx: dict[str, Any] = {"settings": settings, "worker_id": worker_id}
+    worker = Worker(
+        functions=[func(generate, name=jobqueue.GENERATE_FUNCTION, max_tries=1)],
+        queue_name=keys.queue(settings.model_name),
+        redis_settings=jobqueue.redis_settings(settings.redis_url),
+        on_startup=_startup,
+        on_shutdown=_shutdown,
+        ctx=ctx,
+        # Each running sequence holds an arq slot; a small margin keeps the batch full.
+        max_jobs=settings.max_batch_size + max(2, settings.max_batch_size // 4),
+        poll_delay=settings.poll_delay_s,
+        job_timeout=JOB_TIMEOUT_S,
+        keep_result=0,
+        allow_abort_jobs=True,
+        job_serializer=serialize_arq_job,
+        job_deserializer=deserialize_arq_job,
+        handle_signals=handle_signals,
+    )
+    ctx["is_aborted"] = lambda request_id: request_id in worker.aborting_tasks
+    return worker
+
+
+async def _startup(ctx: WorkerContext) -> None:
+    settings = ctx["settings"]
+    started = time.monotonic()
+    backend = await asyncio.to_thread(load_backend, settings)
+    redis = Redis.from_url(settings.redis_url)
+    writer = EventWriter(redis)
+    defaults = DefaultLayers(settings.server_sampling_defaults(), spec_from_generation_config(backend.generation_config))
+    limits = ModelLimits(backend.max_model_len, backend.tokenizer.eos_token_ids)
+    admitter = functools.partial(admit, tokenizer=backend.tokenizer, defaults=defaults, limits=limits)
+    driver = EngineDriver(backend.engine, backend.tokenizer, admitter, writer, ctx["worker_id"])
+    info = registry.WorkerInfo(
+        worker_id=ctx["worker_id"], model=settings.model_name, max_model_len=backend.max_model_len, started_at=time.time()
+    )
+    await registry.heartbeat(redis, info)
+    tasks = [
+        asyncio.create_task(driver.serve(), name="engine-driver"),
+        asyncio.create_task(_heartbeat_forever(redis, info, settings.heartbeat_interval_s), name="heartbeat"),
+    ]
+    ctx.update(driver=driver, writer=writer)
+    ctx["runtime"] = Runtime(redis, driver, info, tasks)
+    logger.info("worker %s serving %s, ready in %.1f s", info.worker_id, info.model, time.monotonic() - started)
+
+
+async def _shutdown(ctx: WorkerContext) -> None:
+    runtime = ctx.get("runtime")
+    if not isinstance(runtime, Runtime):
+        return  # start-up failed before anything was built
+    for task in runtime.tasks:
+        task.cancel()
+    await asyncio.gather(*runtime.tasks, return_exceptions=True)
+    with contextlib.suppress(RedisError):
+        await registry.deregister(runtime.redis, runtime.info.worker_id)
+    runtime.driver.close()
+    await runtime.redis.aclose()
+    logger.info("worker %s stopped", runtime.info.worker_id)
+
+
+async def _heartbeat_forever(redis: Redis, info: registry.WorkerInfo, interval_s: float) -> None:
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await registry.heartbeat(redis, info)
+        except RedisError as error:
+            logger.warning("heartbeat failed: %s", error)
+
+
+def run_worker(settings: WorkerSettings) -> None:
+    """Blocking entry point for ``tokenferry worker``."""
+    build_worker(settings).run()
