@@ -26,7 +26,9 @@ class _Wire(BaseModel):
     @model_validator(mode="after")
     def _known_version(self) -> _Wire:
         if self.v != PROTOCOL_VERSION:
-            raise ValueError(f"protocol version {self.v} is not supported (this side speaks {PROTOCOL_VERSION})")
+            raise ValueError(
+                f"protocol version {self.v} is not supported (this side speaks {PROTOCOL_VERSION})"
+            )
         return self
 
 

@@ -52,7 +52,8 @@ async def deregister(redis: Redis, worker_id: str) -> None:
 
 async def live_workers(redis: Redis) -> list[WorkerInfo]:
     """Workers whose heartbeat has not expired, pruning the index of those that have."""
-    worker_ids = [_text(member) for member in await redis.smembers(keys.workers_index())]
+    members: set[bytes] = await redis.smembers(keys.workers_index())  # type: ignore[misc]
+    worker_ids = [_text(member) for member in members]
     if not worker_ids:
         return []
     records = await redis.mget([keys.worker(worker_id) for worker_id in worker_ids])
@@ -65,7 +66,7 @@ async def live_workers(redis: Redis) -> list[WorkerInfo]:
         else:
             live.append(info)
     if stale:
-        await redis.srem(keys.workers_index(), *stale)
+        await redis.srem(keys.workers_index(), *stale)  # type: ignore[misc]
     return live
 
 
@@ -74,7 +75,7 @@ async def model_availability(redis: Redis, model: str) -> tuple[ModelAvailabilit
     for info in await live_workers(redis):
         if info.model == model:
             return ModelAvailability.LIVE, info
-    seen_at = await redis.hget(keys.known_models(), model)
+    seen_at: bytes | None = await redis.hget(keys.known_models(), model)  # type: ignore[misc]
     if seen_at is not None and time.time() - float(seen_at) < keys.KNOWN_TTL_S:
         return ModelAvailability.KNOWN, None
     return ModelAvailability.UNKNOWN, None

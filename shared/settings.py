@@ -65,7 +65,9 @@ class _Settings(BaseSettings):
     )
 
     config_file: Path | None = Field(None, description="YAML file with the same keys as the flags.")
-    redis_url: str = Field(DEFAULT_REDIS_URL, description="redis:// or rediss:// URL shared by all processes.")
+    redis_url: str = Field(
+        DEFAULT_REDIS_URL, description="redis:// or rediss:// URL shared by all processes."
+    )
     log_level: LogLevel = "INFO"
     log_format: Literal["text", "json"] = "text"
 
@@ -116,7 +118,9 @@ class CompileOptions(BaseModel):
 
 
 class WorkerSettings(_Settings):
-    model: str = Field(BUNDLED_MODEL, description="Hub id, local directory, .gguf file or the bundled default.")
+    model: str = Field(
+        BUNDLED_MODEL, description="Hub id, local directory, .gguf file or the bundled default."
+    )
     served_model_name: str | None = Field(None, description="Name clients use; defaults to --model.")
     engine: Literal["transformers", "fake"] = "transformers"
     device: str = Field("auto", description="cpu, cuda, cuda:N or auto.")

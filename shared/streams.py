@@ -9,7 +9,7 @@ step go out in one pipeline, so a step costs one round trip whatever the batch s
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -60,7 +60,7 @@ class EventReader:
 
     async def read(
         self, request_id: str, *, deadline: float, after_id: str = "0"
-    ) -> AsyncIterator[StreamEvent]:
+    ) -> AsyncGenerator[StreamEvent, None]:
         """Yield events after ``after_id``; raise ``Timeout`` if ``deadline`` (monotonic) passes."""
         stream = keys.events(request_id)
         last_id = after_id

@@ -26,7 +26,9 @@ class AdmittedRequest:
     echo_text: str | None
 
 
-def admit(job: GenerationJob, tokenizer: Tokenizer, defaults: DefaultLayers, limits: ModelLimits) -> AdmittedRequest:
+def admit(
+    job: GenerationJob, tokenizer: Tokenizer, defaults: DefaultLayers, limits: ModelLimits
+) -> AdmittedRequest:
     """Tokenize the prompt and resolve parameters; raises ``TokenferryError`` subclasses."""
     prompt_ids = _prompt_token_ids(job, tokenizer)
     engine_request = build_engine_request(job.request_id, prompt_ids, job.sampling, defaults, limits)

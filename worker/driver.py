@@ -43,7 +43,9 @@ class _Active:
 class EngineDriver:
     """Runs an ``Engine`` for many concurrent jobs; ``run(job)`` returns when the job has finished."""
 
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, admitter: Admitter, writer: EventWriter, worker_id: str) -> None:
+    def __init__(
+        self, engine: Engine, tokenizer: Tokenizer, admitter: Admitter, writer: EventWriter, worker_id: str
+    ) -> None:
         self._engine = engine
         self._tokenizer = tokenizer
         self._admit = admitter
@@ -68,7 +70,9 @@ class EngineDriver:
             return
         request = admitted.engine_request
         accepted = Accepted(
-            prompt_tokens=len(request.prompt_token_ids), worker_id=self._worker_id, prompt_text=admitted.echo_text
+            prompt_tokens=len(request.prompt_token_ids),
+            worker_id=self._worker_id,
+            prompt_text=admitted.echo_text,
         )
         await self._writer.publish_step([(job.request_id, accepted)])
         output = RequestOutput.start(self._tokenizer, request.prompt_token_ids, admitted.stop_sequences)

@@ -25,6 +25,23 @@ from worker.driver import EngineDriver
 logger = logging.getLogger(__name__)
 
 
+class RedactJobArguments(logging.Filter):
+    """arq logs each job's first 80 argument characters at INFO; ours hold prompt text."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple) and len(record.args) == 4 and "→" in str(record.msg):
+            elapsed, ref, _arguments, extra = record.args
+            record.args = (elapsed, ref, "…", extra)
+        return True
+
+
+def install_log_redaction() -> None:
+    """Idempotently attach the redaction to arq's worker logger."""
+    arq_logger = logging.getLogger("arq.worker")
+    if not any(isinstance(existing, RedactJobArguments) for existing in arq_logger.filters):
+        arq_logger.addFilter(RedactJobArguments())
+
+
 class WorkerContext(TypedDict, total=False):
     settings: WorkerSettings
     worker_id: str

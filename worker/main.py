@@ -15,7 +15,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from arq.worker import Worker, func
 from redis.asyncio import Redis
@@ -28,7 +28,7 @@ from shared.streams import EventWriter
 from worker.admission import admit
 from worker.driver import EngineDriver
 from worker.engine import Engine
-from worker.jobs import WorkerContext, generate
+from worker.jobs import WorkerContext, generate, install_log_redaction
 from worker.params import DefaultLayers, ModelLimits, spec_from_generation_config
 from worker.tokenization import Tokenizer
 
@@ -60,7 +60,9 @@ def load_backend(settings: WorkerSettings) -> Backend:
         from worker.engine.fake import ByteTokenizer, FakeEngine
 
         engine = FakeEngine(
-            settings.fake_script, step_delay_s=settings.fake_step_delay_s, max_batch_size=settings.max_batch_size
+            settings.fake_script,
+            step_delay_s=settings.fake_step_delay_s,
+            max_batch_size=settings.max_batch_size,
         )
         return Backend(engine, ByteTokenizer(), {}, settings.max_model_len or 4096)
     return _load_transformers_backend(settings)
@@ -94,11 +96,12 @@ def build_worker(settings: WorkerSettings, *, handle_signals: bool = True) -> Wo
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     ctx: dict[str, Any] = {"settings": settings, "worker_id": worker_id}
     worker = Worker(
-        functions=[func(generate, name=jobqueue.GENERATE_FUNCTION, max_tries=1)],
+        # arq types ctx as a plain dict; ours is the same dict seen through WorkerContext.
+        functions=[func(cast(Any, generate), name=jobqueue.GENERATE_FUNCTION, max_tries=1)],
         queue_name=keys.queue(settings.model_name),
         redis_settings=jobqueue.redis_settings(settings.redis_url),
-        on_startup=_startup,
-        on_shutdown=_shutdown,
+        on_startup=cast(Any, _startup),
+        on_shutdown=cast(Any, _shutdown),
         ctx=ctx,
         # Each running sequence holds an arq slot; a small margin keeps the batch full.
         max_jobs=settings.max_batch_size + max(2, settings.max_batch_size // 4),
@@ -111,6 +114,7 @@ def build_worker(settings: WorkerSettings, *, handle_signals: bool = True) -> Wo
         handle_signals=handle_signals,
     )
     ctx["is_aborted"] = lambda request_id: request_id in worker.aborting_tasks
+    install_log_redaction()
     return worker
 
 
@@ -120,21 +124,29 @@ async def _startup(ctx: WorkerContext) -> None:
     backend = await asyncio.to_thread(load_backend, settings)
     redis = Redis.from_url(settings.redis_url)
     writer = EventWriter(redis)
-    defaults = DefaultLayers(settings.server_sampling_defaults(), spec_from_generation_config(backend.generation_config))
+    defaults = DefaultLayers(
+        settings.server_sampling_defaults(), spec_from_generation_config(backend.generation_config)
+    )
     limits = ModelLimits(backend.max_model_len, backend.tokenizer.eos_token_ids)
     admitter = functools.partial(admit, tokenizer=backend.tokenizer, defaults=defaults, limits=limits)
     driver = EngineDriver(backend.engine, backend.tokenizer, admitter, writer, ctx["worker_id"])
     info = registry.WorkerInfo(
-        worker_id=ctx["worker_id"], model=settings.model_name, max_model_len=backend.max_model_len, started_at=time.time()
+        worker_id=ctx["worker_id"],
+        model=settings.model_name,
+        max_model_len=backend.max_model_len,
+        started_at=time.time(),
     )
     await registry.heartbeat(redis, info)
     tasks = [
         asyncio.create_task(driver.serve(), name="engine-driver"),
         asyncio.create_task(_heartbeat_forever(redis, info, settings.heartbeat_interval_s), name="heartbeat"),
     ]
-    ctx.update(driver=driver, writer=writer)
+    ctx["driver"] = driver
+    ctx["writer"] = writer
     ctx["runtime"] = Runtime(redis, driver, info, tasks)
-    logger.info("worker %s serving %s, ready in %.1f s", info.worker_id, info.model, time.monotonic() - started)
+    logger.info(
+        "worker %s serving %s, ready in %.1f s", info.worker_id, info.model, time.monotonic() - started
+    )
 
 
 async def _shutdown(ctx: WorkerContext) -> None:

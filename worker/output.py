@@ -12,7 +12,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from shared.protocol import Delta, FinishReason, Finished, TokenEvent, Usage
+from shared.protocol import Delta, Finished, FinishReason, TokenEvent, Usage
 from worker.engine import SequenceUpdate
 from worker.stopping import StopMatcher
 from worker.tokenization import IncrementalDetokenizer, Tokenizer
@@ -30,8 +30,12 @@ class RequestOutput:
     first_token_at: float | None = None
 
     @classmethod
-    def start(cls, tokenizer: Tokenizer, prompt_ids: tuple[int, ...], stop_sequences: tuple[str, ...]) -> RequestOutput:
-        return cls(len(prompt_ids), IncrementalDetokenizer(tokenizer, prompt_ids), StopMatcher(stop_sequences))
+    def start(
+        cls, tokenizer: Tokenizer, prompt_ids: tuple[int, ...], stop_sequences: tuple[str, ...]
+    ) -> RequestOutput:
+        return cls(
+            len(prompt_ids), IncrementalDetokenizer(tokenizer, prompt_ids), StopMatcher(stop_sequences)
+        )
 
     def consume(self, update: SequenceUpdate) -> list[TokenEvent]:
         """Events for one update; the list ends with ``Finished`` when the request is done."""
@@ -44,10 +48,14 @@ class RequestOutput:
         result = self.stops.feed(text)
         logger.debug("generated ids %s text %r", list(update.new_token_ids), text)
         if result.stop_sequence is not None:
-            return self._with_text(result.text, update) + [self._finished(FinishReason.STOP, result.stop_sequence)]
+            return self._with_text(result.text, update) + [
+                self._finished(FinishReason.STOP, result.stop_sequence)
+            ]
         if update.finish_reason is None:
             return self._with_text(result.text, update)
-        return self._with_text(result.text + self.stops.flush(), update) + [self._finished(update.finish_reason)]
+        return self._with_text(result.text + self.stops.flush(), update) + [
+            self._finished(update.finish_reason)
+        ]
 
     def _with_text(self, text: str, update: SequenceUpdate) -> list[TokenEvent]:
         return [Delta(text=text, token_ids=list(update.new_token_ids))] if text else []

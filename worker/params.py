@@ -78,7 +78,9 @@ def to_sampling_params(spec: SamplingSpec) -> SamplingParams:
     )
 
 
-def resolve_max_tokens(requested: int | None, fallback: int | None, prompt_tokens: int, limits: ModelLimits) -> int:
+def resolve_max_tokens(
+    requested: int | None, fallback: int | None, prompt_tokens: int, limits: ModelLimits
+) -> int:
     """Tokens to generate; an explicit request beyond the context window is an error, as in OpenAI."""
     room = limits.max_model_len - prompt_tokens
     if room <= 0 or (requested is not None and requested > room):
@@ -121,7 +123,9 @@ def build_engine_request(
         request_id=request_id,
         prompt_token_ids=tuple(prompt_token_ids),
         sampling=params,
-        max_new_tokens=resolve_max_tokens(request.max_tokens, fallback_max_tokens, len(prompt_token_ids), limits),
+        max_new_tokens=resolve_max_tokens(
+            request.max_tokens, fallback_max_tokens, len(prompt_token_ids), limits
+        ),
         eos_token_ids=frozenset() if spec.ignore_eos else limits.eos_token_ids,
     )
 

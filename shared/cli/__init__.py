@@ -15,12 +15,16 @@ from shared.logs import configure_logging
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, options.Flags]]:
-    parser = argparse.ArgumentParser(prog="tokenferry", description="OpenAI-compatible serving of HuggingFace LMs.")
+    parser = argparse.ArgumentParser(
+        prog="tokenferry", description="OpenAI-compatible serving of HuggingFace LMs."
+    )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     flags: dict[str, options.Flags] = {}
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
-        return commands.add_parser(name, help=help_text, description=help_text, argument_default=argparse.SUPPRESS)
+        return commands.add_parser(
+            name, help=help_text, description=help_text, argument_default=argparse.SUPPRESS
+        )
 
     serve = command("serve", "all in one: Redis (unless --redis-url), one gateway and one worker")
     serve.add_argument("--host", default="127.0.0.1")
@@ -66,8 +70,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _run_gateway(values: dict[str, object]) -> None:
     import uvicorn
-
     from gateway.app import create_app
+
     from shared.settings import GatewaySettings
 
     settings = GatewaySettings(**values)  # type: ignore[arg-type]

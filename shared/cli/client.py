@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, cast
 
-from openai import OpenAI, OpenAIError
+from openai import OpenAI, OpenAIError, Stream
+from openai.types import Completion
+from openai.types.chat import ChatCompletionChunk
 
 from shared.settings import ClientSettings
 
@@ -68,7 +70,9 @@ def _print_usage(usage: Any) -> None:
 def run_complete(args: argparse.Namespace) -> int:
     try:
         client, model = _connect(args)
-        stream = client.completions.create(model=model, prompt=args.prompt, stream=True, **_request_options(args))
+        stream: Stream[Completion] = client.completions.create(
+            model=model, prompt=args.prompt, stream=True, **_request_options(args)
+        )
         for chunk in stream:
             if chunk.choices:
                 print(chunk.choices[0].text, end="", flush=True)
@@ -88,7 +92,9 @@ def run_chat(args: argparse.Namespace) -> int:
     except OpenAIError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    messages: list[dict[str, str]] = [{"role": "system", "content": args.system}] if hasattr(args, "system") else []
+    messages: list[dict[str, str]] = (
+        [{"role": "system", "content": args.system}] if hasattr(args, "system") else []
+    )
     print(f"chatting with {model}; Ctrl-D or /exit quits, /reset forgets the conversation", file=sys.stderr)
     while (line := _read_line()) is not None:
         if line.strip() in ("/exit", "/quit"):
@@ -110,11 +116,13 @@ def _read_line() -> str | None:
         return None
 
 
-def _stream_answer(client: OpenAI, model: str, messages: list[dict[str, str]], args: argparse.Namespace) -> str:
+def _stream_answer(
+    client: OpenAI, model: str, messages: list[dict[str, str]], args: argparse.Namespace
+) -> str:
     parts: list[str] = []
     try:
-        stream = client.chat.completions.create(
-            model=model, messages=messages, stream=True, **_request_options(args)  # type: ignore[arg-type]
+        stream: Stream[ChatCompletionChunk] = client.chat.completions.create(
+            model=model, messages=cast(Any, messages), stream=True, **_request_options(args)
         )
         for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:

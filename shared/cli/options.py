@@ -31,7 +31,9 @@ def add_common_flags(parser: argparse.ArgumentParser) -> Flags:
     add = parser.add_argument
     return [
         add("--config", dest="config_file", metavar="FILE.yaml", help="YAML file with settings keys"),
-        add("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="DEBUG logs token-level detail"),
+        add(
+            "--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="DEBUG logs token-level detail"
+        ),
         add("--log-format", choices=["text", "json"]),
     ]
 
@@ -39,8 +41,20 @@ def add_common_flags(parser: argparse.ArgumentParser) -> Flags:
 def add_gateway_flags(parser: argparse.ArgumentParser) -> Flags:
     add = parser.add_argument
     return [
-        add("--api-key", dest="api_keys", action="append", metavar="KEY", help="accepted Bearer key (repeatable)"),
-        add("--request-timeout", dest="request_timeout_s", type=float, metavar="S", help="queue wait + generation"),
+        add(
+            "--api-key",
+            dest="api_keys",
+            action="append",
+            metavar="KEY",
+            help="accepted Bearer key (repeatable)",
+        ),
+        add(
+            "--request-timeout",
+            dest="request_timeout_s",
+            type=float,
+            metavar="S",
+            help="queue wait + generation",
+        ),
         add("--max-body-bytes", type=int, metavar="N"),
     ]
 
@@ -70,7 +84,9 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> Flags:
 
 
 def add_redis_flag(parser: argparse.ArgumentParser) -> Flags:
-    return [parser.add_argument("--redis-url", help="redis:// URL shared by all processes (TOKENFERRY_REDIS_URL)")]
+    return [
+        parser.add_argument("--redis-url", help="redis:// URL shared by all processes (TOKENFERRY_REDIS_URL)")
+    ]
 
 
 def given(namespace: argparse.Namespace, flags: Flags) -> dict[str, Any]:

@@ -13,6 +13,7 @@ import json
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from types import FrameType
@@ -25,23 +26,26 @@ _STOP_TIMEOUT_S = 15.0
 
 
 class _Stop(Exception):
-    """Raised by the signal handler to unwind the supervisor."""
+    """Ctrl-C or SIGTERM arrived; unwinds the supervisor from its wait loops."""
 
 
 def serve(args: argparse.Namespace, flags: dict[str, options.Flags]) -> int:
     common = options.to_argv(options.given(args, flags["serve_common"]), flags["serve_common"])
-    gateway_argv = common + options.to_argv(options.given(args, flags["serve_gateway"]), flags["serve_gateway"])
+    gateway_argv = common + options.to_argv(
+        options.given(args, flags["serve_gateway"]), flags["serve_gateway"]
+    )
     worker_argv = common + options.to_argv(options.given(args, flags["serve_worker"]), flags["serve_worker"])
     redis = None if getattr(args, "redis_url", None) else EmbeddedRedis()
     children: list[subprocess.Popen[bytes]] = []
-    _install_signal_handlers()
+    stop = _stop_on_signals()
     try:
         redis_url = args.redis_url if redis is None else redis.start().url
         children.append(_spawn("worker", ["--redis-url", redis_url, *worker_argv]))
-        children.append(_spawn("gateway", ["--redis-url", redis_url, "--host", args.host, "--port", str(args.port), *gateway_argv]))
-        model = _wait_until_ready(args.host, args.port, children)
+        gateway_address = ["--host", args.host, "--port", str(args.port)]
+        children.append(_spawn("gateway", ["--redis-url", redis_url, *gateway_address, *gateway_argv]))
+        model = _wait_until_ready(args.host, args.port, children, stop)
         _print_banner(args.host, args.port, model, redis_url, embedded=redis is not None)
-        return _wait_for_exit(children)
+        return _wait_for_exit(children, stop)
     except _Stop:
         return 0
     finally:
@@ -56,38 +60,54 @@ def _spawn(role: str, argv: list[str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-m", "shared.cli", role, *argv], start_new_session=True)
 
 
-def _install_signal_handlers() -> None:
-    def stop(signum: int, frame: FrameType | None) -> None:
+def _stop_on_signals() -> threading.Event:
+    """An event set by Ctrl-C or SIGTERM, polled by the wait loops (raising in a handler can cut a write)."""
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    return stop
+
+
+def _pause(stop: threading.Event, seconds: float) -> None:
+    if stop.wait(seconds):
         raise _Stop
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
 
-
-def _wait_until_ready(host: str, port: int, children: list[subprocess.Popen[bytes]]) -> str:
+def _wait_until_ready(
+    host: str, port: int, children: list[subprocess.Popen[bytes]], stop: threading.Event
+) -> str:
     """Block until the gateway answers and lists a model; return the model's name."""
     deadline = time.monotonic() + _READY_TIMEOUT_S
     url = f"http://{_client_host(host)}:{port}/v1/models"
     while time.monotonic() < deadline:
         for child in children:
             if child.poll() is not None:
-                raise SystemExit(f"tokenferry: a child process exited with code {child.returncode} during start-up")
+                raise SystemExit(
+                    f"tokenferry: a child process exited with code {child.returncode} during start-up"
+                )
         with contextlib.suppress(OSError, ValueError):
             with urllib.request.urlopen(url, timeout=2) as response:
                 models = json.load(response)["data"]
                 if models:
                     return str(models[0]["id"])
-        time.sleep(0.5)
+        _pause(stop, 0.5)
     raise SystemExit(f"tokenferry: not ready after {_READY_TIMEOUT_S:.0f} s")
 
 
-def _wait_for_exit(children: list[subprocess.Popen[bytes]]) -> int:
+def _wait_for_exit(children: list[subprocess.Popen[bytes]], stop: threading.Event) -> int:
     while True:
         for child in children:
             if child.poll() is not None:
-                print(f"tokenferry: a child process exited with code {child.returncode}; stopping", file=sys.stderr)
+                print(
+                    f"tokenferry: a child process exited with code {child.returncode}; stopping",
+                    file=sys.stderr,
+                )
                 return child.returncode or 1
-        time.sleep(0.5)
+        _pause(stop, 0.5)
 
 
 def _stop_all(children: list[subprocess.Popen[bytes]]) -> None:

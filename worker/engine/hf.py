@@ -65,7 +65,9 @@ class TransformersEngine:
         self._waiting: deque[EngineRequest] = deque()
         self._running: dict[str, _Sequence] = {}
         if self._cache_implementation not in ("dynamic", "static"):
-            raise ValueError(f"cache_implementation {cache_implementation!r} is not supported (dynamic, static)")
+            raise ValueError(
+                f"cache_implementation {cache_implementation!r} is not supported (dynamic, static)"
+            )
 
     def add(self, request: EngineRequest) -> None:
         self._waiting.append(request)
@@ -96,7 +98,9 @@ class TransformersEngine:
             self._running[request.request_id] = _Sequence(
                 request=request,
                 token_ids=list(request.prompt_token_ids),
-                processors=build_processors(request.sampling, len(request.prompt_token_ids), request.eos_token_ids),
+                processors=build_processors(
+                    request.sampling, len(request.prompt_token_ids), request.eos_token_ids
+                ),
                 generator=make_generator(request.sampling, self._device),
                 pending=list(request.prompt_token_ids),
             )
@@ -142,7 +146,9 @@ class TransformersEngine:
                 if token in request.eos_token_ids:
                     new_tokens, ends_on_eos = new_tokens[: index + 1], True
                     break
-        return SequenceUpdate(request.request_id, new_tokens, FinishReason.STOP if ends_on_eos else FinishReason.LENGTH)
+        return SequenceUpdate(
+            request.request_id, new_tokens, FinishReason.STOP if ends_on_eos else FinishReason.LENGTH
+        )
 
 
 def _beam_options(request: EngineRequest) -> dict[str, Any]:

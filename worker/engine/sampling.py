@@ -37,18 +37,24 @@ class OpenAIPenaltyProcessor(LogitsProcessor):
         generated = input_ids[:, self._prompt_length :]
         if generated.shape[1] == 0:
             return scores
-        counts = torch.zeros_like(scores).scatter_add_(1, generated, torch.ones_like(generated, dtype=scores.dtype))
+        counts = torch.zeros_like(scores).scatter_add_(
+            1, generated, torch.ones_like(generated, dtype=scores.dtype)
+        )
         penalty = self._frequency * counts + self._presence * (counts > 0).to(scores.dtype)
         return scores - penalty  # type: ignore[return-value]
 
 
-def build_processors(params: SamplingParams, prompt_length: int, eos_token_ids: frozenset[int]) -> LogitsProcessorList:
+def build_processors(
+    params: SamplingParams, prompt_length: int, eos_token_ids: frozenset[int]
+) -> LogitsProcessorList:
     """Penalties first (they shape the distribution), then warpers when sampling."""
     processors = LogitsProcessorList()
     if params.repetition_penalty != 1.0:
         processors.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
     if params.presence_penalty or params.frequency_penalty:
-        processors.append(OpenAIPenaltyProcessor(params.presence_penalty, params.frequency_penalty, prompt_length))
+        processors.append(
+            OpenAIPenaltyProcessor(params.presence_penalty, params.frequency_penalty, prompt_length)
+        )
     if params.no_repeat_ngram_size > 0:
         processors.append(NoRepeatNGramLogitsProcessor(params.no_repeat_ngram_size))
     if params.min_new_tokens > 0 and eos_token_ids:

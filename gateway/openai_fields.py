@@ -1,0 +1,222 @@
+"""Owns the field types of OpenAI request bodies: their bounds, descriptions and checks.
+
+``gateway/openai_schema.py`` composes its models from these, so both request
+bodies validate a shared field the same way. Checks that a bound cannot express
+raise a ``PydanticCustomError`` with a sentence meant for the client; its location
+becomes the OpenAI ``param`` (``messages.2.content``). A feature we do not
+implement yet is refused with a 400 naming the field, never silently dropped.
+
+Intentional divergence: ``tools``, ``functions`` and ``logit_bias`` are refused
+only when they ask for something (an empty list or map, or ``tool_choice:
+"none"``, is accepted), because several client libraries always send them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+from pydantic import AfterValidator, AliasChoices, Field
+from pydantic_core import PydanticCustomError
+
+_T = TypeVar("_T")
+
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
+_TOOL_ROLES = frozenset({"tool", "function"})
+MAX_STOP_SEQUENCES = 4
+
+
+def validate_role(role: str) -> str:
+    """Accept the chat roles we can template; tool roles get their own explanation."""
+    if role in _TOOL_ROLES:
+        raise PydanticCustomError(
+            "not_supported",
+            "Messages with role '{role}' are not supported yet (no tool calling).",
+            {"role": role},
+        )
+    if role not in CHAT_ROLES:
+        raise PydanticCustomError(
+            "invalid_role",
+            "Invalid role '{role}': expected system, developer, user or assistant.",
+            {"role": role},
+        )
+    return role
+
+
+def normalize_content(content: Any) -> Any:
+    """Check message content is text or text parts, before the union tries its branches.
+
+    Without this, a bad part would be reported once per union branch, with branch
+    names in the location; here the client gets one sentence about the part.
+    """
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise PydanticCustomError(
+            "invalid_content", "Message content must be a string or a list of text parts."
+        )
+    for part in content:
+        _check_part(part)
+    return content
+
+
+def _check_part(part: Any) -> None:
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise PydanticCustomError("invalid_content", "Each content part must be an object with a 'type'.")
+    if part["type"] != "text":
+        raise PydanticCustomError(
+            "not_supported",
+            "Content parts of type '{kind}' are not supported yet; only text parts are.",
+            {"kind": part["type"]},
+        )
+    if not isinstance(part.get("text"), str):
+        raise PydanticCustomError("invalid_content", "A text content part needs a string 'text'.")
+
+
+def normalize_prompt(prompt: Any) -> Any:
+    """Reduce the four OpenAI prompt forms to a string or a list of token ids."""
+    if isinstance(prompt, str) or not isinstance(prompt, list):
+        return prompt  # non-lists are left to the declared type to accept or refuse
+    if not prompt:
+        raise PydanticCustomError("invalid_prompt", "The prompt must not be an empty list.")
+    if all(_is_int(value) for value in prompt):
+        return _checked_token_ids(prompt)
+    if len(prompt) > 1 and all(isinstance(value, str | list) for value in prompt):
+        raise PydanticCustomError("not_supported", "One prompt per request for now.")
+    single = prompt[0]
+    if len(prompt) == 1 and isinstance(single, str):
+        return single
+    if len(prompt) == 1 and isinstance(single, list) and single and all(_is_int(value) for value in single):
+        return _checked_token_ids(single)
+    raise PydanticCustomError(
+        "invalid_prompt", "The prompt must be a string, a list of token ids, or a list holding one of these."
+    )
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass, and `true` is not a token id.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _checked_token_ids(token_ids: list[int]) -> list[int]:
+    if any(token_id < 0 for token_id in token_ids):
+        raise PydanticCustomError("invalid_prompt", "Token ids must be non-negative integers.")
+    return token_ids
+
+
+def validate_stop(stop: str | list[str] | None) -> str | list[str] | None:
+    """At most four stop sequences, none of them empty (an empty one would stop at once)."""
+    sequences = [stop] if isinstance(stop, str) else stop or []
+    if len(sequences) > MAX_STOP_SEQUENCES:
+        raise PydanticCustomError("too_many_stops", "At most 4 stop sequences are allowed.")
+    if any(not sequence for sequence in sequences):
+        raise PydanticCustomError("empty_stop", "Stop sequences must not be empty.")
+    return stop
+
+
+def refuse_when(is_requested: Callable[[Any], bool], message: str) -> AfterValidator:
+    """A validator refusing a value that asks for a feature we do not implement yet."""
+
+    def check(value: _T) -> _T:
+        if is_requested(value):
+            raise PydanticCustomError("not_supported", message)
+        return value
+
+    return AfterValidator(check)
+
+
+def _is_truthy(value: Any) -> bool:
+    return bool(value)
+
+
+def _is_not_none(value: Any) -> bool:
+    return value is not None
+
+
+def _is_more_than_one(value: Any) -> bool:
+    return value is not None and value > 1
+
+
+def _is_a_tool_choice(value: Any) -> bool:
+    return value is not None and value != "none"
+
+
+# Sampling fields of both request bodies.
+MaxTokens = Annotated[int | None, Field(ge=1, description="Most tokens to generate; default: the context.")]
+Temperature = Annotated[float | None, Field(ge=0, le=2, description="Sampling temperature, 0 to 2.")]
+TopP = Annotated[float | None, Field(gt=0, le=1, description="Nucleus sampling probability mass.")]
+Penalty = Annotated[float | None, Field(ge=-2, le=2, description="OpenAI-style penalty, -2 to 2.")]
+Stop = Annotated[
+    str | list[str] | None,
+    AfterValidator(validate_stop),
+    Field(description="Up to 4 sequences where generation stops; not included in the output."),
+]
+Seed = Annotated[int | None, Field(description="Seed for reproducible sampling.")]
+User = Annotated[str | None, Field(description="End-user id; accepted and ignored.")]
+
+# HuggingFace generation parameters, accepted at the top level (where `extra_body` lands).
+TopK = Annotated[int | None, Field(ge=-1, description="Keep the k most likely tokens; -1 or 0 disable.")]
+TypicalP = Annotated[float | None, Field(gt=0, le=1, description="Locally typical sampling mass.")]
+MinP = Annotated[float | None, Field(ge=0, le=1, description="Least probability relative to the top token.")]
+RepetitionPenalty = Annotated[float | None, Field(gt=0, description="Multiplicative penalty; 1 disables.")]
+LengthPenalty = Annotated[float | None, Field(description="Beam-search length penalty exponent.")]
+NoRepeatNgramSize = Annotated[int | None, Field(ge=0, description="Never repeat an n-gram of this size.")]
+NumBeams = Annotated[int | None, Field(ge=1, description="Beam-search width; 1 means sampling/greedy.")]
+MinTokens = Annotated[
+    int | None,
+    Field(
+        ge=0,
+        validation_alias=AliasChoices("min_tokens", "min_length"),
+        description="Generate at least this many tokens (alias: min_length).",
+    ),
+]
+IgnoreEos = Annotated[bool | None, Field(description="Keep generating past the end-of-sequence token.")]
+
+# Features refused for now, each with the sentence the client gets.
+_NOT_YET = "Not supported yet."
+ChoiceCount = Annotated[
+    int | None,
+    Field(ge=1, description="Number of choices; only 1 is supported for now."),
+    refuse_when(_is_more_than_one, "Only one choice per request (n=1) is supported for now."),
+]
+BestOf = Annotated[
+    int | None,
+    Field(ge=1, description="Candidates to rank; only 1 is supported for now."),
+    refuse_when(_is_more_than_one, "best_of greater than 1 is not supported yet."),
+]
+LogitBias = Annotated[
+    dict[str, float] | None,
+    Field(description=_NOT_YET),
+    refuse_when(_is_truthy, "logit_bias is not supported yet."),
+]
+Tools = Annotated[
+    list[Any] | None,
+    Field(description=_NOT_YET),
+    refuse_when(_is_truthy, "Tool calling (tools) is not supported yet."),
+]
+Functions = Annotated[
+    list[Any] | None, Field(description=_NOT_YET), refuse_when(_is_truthy, "functions are not supported yet.")
+]
+ToolChoice = Annotated[
+    Any, Field(description=_NOT_YET), refuse_when(_is_a_tool_choice, "tool_choice is not supported yet.")
+]
+FunctionCall = Annotated[
+    Any, Field(description=_NOT_YET), refuse_when(_is_a_tool_choice, "function_call is not supported yet.")
+]
+MessageToolCalls = Annotated[
+    list[Any] | None,
+    Field(description=_NOT_YET),
+    refuse_when(_is_truthy, "Tool calls in messages are not supported yet."),
+]
+ChatLogprobs = Annotated[
+    bool | None, Field(description=_NOT_YET), refuse_when(_is_truthy, "logprobs is not supported yet.")
+]
+TopLogprobs = Annotated[
+    int | None, Field(description=_NOT_YET), refuse_when(_is_truthy, "top_logprobs is not supported yet.")
+]
+CompletionLogprobs = Annotated[
+    int | None, Field(description=_NOT_YET), refuse_when(_is_not_none, "logprobs is not supported yet.")
+]
+Suffix = Annotated[
+    str | None, Field(description=_NOT_YET), refuse_when(_is_not_none, "suffix is not supported yet.")
+]

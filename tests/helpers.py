@@ -1,0 +1,68 @@
+"""Small builders shared by tests: an in-process stack and SSE parsing; no logic worth testing."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from gateway.app import create_app
+from shared.settings import GatewaySettings, WorkerSettings
+from worker.main import build_worker
+
+FAKE_MODEL = "fake-model"
+
+
+@contextlib.asynccontextmanager
+async def running_stack(redis_url: str, **worker_overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """A real arq worker with the fake engine and the real gateway app, both in this event loop."""
+    worker_settings = WorkerSettings(
+        redis_url=redis_url, engine="fake", model=FAKE_MODEL, poll_delay_s=0.01, **worker_overrides
+    )
+    worker = build_worker(worker_settings, handle_signals=False)
+    worker_task = asyncio.create_task(worker.async_run())
+    app = create_app(GatewaySettings(redis_url=redis_url, request_timeout_s=30))
+    try:
+        async with app.router.lifespan_context(app):
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(
+                transport=transport, base_url="http://testserver", timeout=30
+            ) as client:
+                await wait_for_model(client, worker_settings.model_name)
+                yield client
+    finally:
+        # Let jobs whose answers were already read finish their arq bookkeeping first.
+        running = [task for task in worker.tasks.values() if not task.done()]
+        if running:
+            await asyncio.wait(running, timeout=5)
+        worker_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await worker_task
+        await worker.close()
+
+
+async def wait_for_model(client: httpx.AsyncClient, model: str, timeout_s: float = 30.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while True:
+            response = await client.get("/v1/models")
+            if response.status_code == 200 and any(entry["id"] == model for entry in response.json()["data"]):
+                return
+            await asyncio.sleep(0.05)
+
+
+def parse_sse(body: str) -> list[Any]:
+    """The `data:` payloads of an SSE body, JSON-decoded, with the final "[DONE]" kept as a string."""
+    payloads: list[Any] = []
+    for line in body.splitlines():
+        if line.startswith("data:"):
+            data = line.removeprefix("data:").strip()
+            payloads.append(data if data == "[DONE]" else json.loads(data))
+    return payloads
+
+
+def chat_body(content: str = "Hi", **extra: Any) -> dict[str, Any]:
+    return {"model": FAKE_MODEL, "messages": [{"role": "user", "content": content}], **extra}

@@ -1,0 +1,138 @@
+"""Real gateway, worker and serve processes (fake engine) on loopback: what only real sockets show."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from shared import keys
+from shared.redis_server import free_port
+from tests.helpers import FAKE_MODEL, chat_body
+
+START_TIMEOUT_S = 60.0
+
+
+def _spawn(*argv: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "shared.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+
+
+def _wait_for_model(base_url: str, processes: list[subprocess.Popen[bytes]]) -> None:
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        for process in processes:
+            assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
+        try:
+            if httpx.get(f"{base_url}/v1/models", timeout=2).json()["data"]:
+                return
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the stack did not become ready")
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.terminate()
+    for process in processes:
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@pytest.fixture
+def slow_stack(redis_url: str, redis: Redis) -> Iterator[str]:
+    """A gateway and a fake-engine worker whose steps take 20 ms, as separate processes."""
+    port = free_port()
+    processes = [
+        _spawn("worker", "--redis-url", redis_url, "--engine", "fake", "--model", FAKE_MODEL),
+        _spawn("gateway", "--redis-url", redis_url, "--port", str(port)),
+    ]
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_for_model(base_url, processes)
+        yield base_url
+    finally:
+        _stop(processes)
+
+
+@pytest.fixture(autouse=True)
+def _slow_fake_steps(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TOKENFERRY_FAKE_STEP_DELAY_S", "0.02")
+
+
+async def test_client_disconnect_aborts_generation(slow_stack: str, redis: Redis) -> None:
+    body = chat_body(stream=True, ignore_eos=True, max_tokens=3000)
+    async with httpx.AsyncClient(base_url=slow_stack, timeout=30) as client:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            assert response.status_code == 200
+            request_id = response.headers["x-request-id"]
+            async for line in response.aiter_lines():
+                if '"content":"T' in line:
+                    break
+    stream = keys.events(request_id)
+    await asyncio.sleep(0.5)  # the abort travels gateway -> Redis -> worker poll -> engine
+    settled = await redis.xlen(stream)
+    await asyncio.sleep(1.0)
+    assert await redis.xlen(stream) == settled, "the worker kept generating for a departed client"
+    assert settled < 200
+
+
+async def test_every_response_carries_a_request_id(slow_stack: str) -> None:
+    async with httpx.AsyncClient(base_url=slow_stack, timeout=30) as client:
+        ok = await client.post("/v1/chat/completions", json=chat_body(max_tokens=2))
+        bad = await client.post("/v1/chat/completions", json={"model": FAKE_MODEL})
+        missing = await client.get("/nope")
+    assert [r.status_code for r in (ok, bad, missing)] == [200, 400, 404]
+    assert all(r.headers.get("x-request-id") for r in (ok, bad, missing))
+
+
+def test_serve_starts_everything_and_ctrl_c_stops_everything() -> None:
+    port = free_port()
+    serve = _spawn("serve", "--port", str(port), "--engine", "fake", "--model", FAKE_MODEL)
+    base_url = f"http://127.0.0.1:{port}"
+    output = ""
+    try:
+        assert serve.stdout is not None
+        while "tokenferry is serving" not in output:  # bounded by the test timeout
+            line = serve.stdout.readline().decode()
+            assert line, f"serve exited before it was ready:\n{output}"
+            output += line
+        reply = httpx.post(f"{base_url}/v1/chat/completions", json=chat_body(max_tokens=3), timeout=30)
+        assert reply.json()["choices"][0]["message"]["content"] == "The"
+    finally:
+        serve.send_signal(signal.SIGINT)
+        serve.wait(timeout=30)
+        # read(), not communicate(): readline() above may hold buffered output communicate() skips.
+        output += serve.stdout.read().decode() if serve.stdout else ""
+    assert serve.returncode == 0, output
+    assert (
+        f"http://127.0.0.1:{port}/v1" in output and "curl" in output and "from openai import OpenAI" in output
+    )
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(f"{base_url}/health", timeout=2)
+    children = subprocess.run(
+        ["pgrep", "-f", f"--port {port}"], capture_output=True, text=True
+    ).stdout.split()
+    assert children == [], "a child of serve outlived it"
+    redis_port = re.search(r"redis://127\.0\.0\.1:(\d+)", output)
+    assert redis_port is not None, output
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", int(redis_port.group(1))), timeout=2)
