@@ -135,7 +135,11 @@ class WorkerSettings(_Settings):
     cache_implementation: str | None = Field(None, description="transformers cache: dynamic, static, ...")
     disable_kv_cache: bool = False
     max_model_len: int | None = Field(None, gt=0, description="Context window; defaults to the model's.")
-    max_batch_size: int = Field(32, gt=0)
+    max_batch_size: int = Field(32, gt=0, description="Sequences decoding together at most.")
+    max_batch_tokens: int = Field(
+        131_072, gt=0, description="Padded KV-cache budget (rows x longest row) for admission."
+    )
+    max_prefill_tokens: int = Field(512, gt=0, description="Prompt tokens prefilled per step (chunked).")
     trust_remote_code: bool = False
     cache_dir: Path = Field(
         default_factory=lambda: Path.home() / ".cache" / "tokenferry", description="Converted-model cache."

@@ -72,7 +72,6 @@ def _load_transformers_backend(settings: WorkerSettings) -> Backend:
     # Imported here so fake-engine workers (tests, load tests) never pay for torch.
     import torch
 
-    from worker.engine.hf import TransformersEngine
     from worker.model_loading import load_model
     from worker.tokenization import HFTokenizer, load_chat_template
 
@@ -83,13 +82,32 @@ def _load_transformers_backend(settings: WorkerSettings) -> Backend:
     eos = loaded.generation_config.get("eos_token_id")
     extra_eos = [eos] if isinstance(eos, int) else list(eos or [])
     tokenizer = HFTokenizer(loaded.tokenizer, chat_template=template, extra_eos_ids=extra_eos)
-    engine = TransformersEngine(
-        loaded.model,
-        max_batch_size=settings.max_batch_size,
-        cache_implementation=settings.cache_implementation,
-        use_cache=not settings.disable_kv_cache,
+    return Backend(
+        _build_engine(loaded.model, settings), tokenizer, loaded.generation_config, loaded.max_model_len
     )
-    return Backend(engine, tokenizer, loaded.generation_config, loaded.max_model_len)
+
+
+def _build_engine(model: Any, settings: WorkerSettings) -> Engine:
+    """The batched engine, unless a cache option only the per-sequence engine honours is set."""
+    from worker.engine.hf import TransformersEngine
+    from worker.engine.scheduler import BatchLimits
+    from worker.engine.sequential import SequentialEngine
+
+    from worker.engine.kv_cache import PaddedKVCache
+
+    if (
+        settings.disable_kv_cache
+        or settings.cache_implementation == "static"
+        or not PaddedKVCache.supports(model.config)
+    ):
+        return SequentialEngine(
+            model,
+            max_batch_size=settings.max_batch_size,
+            cache_implementation=settings.cache_implementation,
+            use_cache=not settings.disable_kv_cache,
+        )
+    limits = BatchLimits(settings.max_batch_size, settings.max_batch_tokens, settings.max_prefill_tokens)
+    return TransformersEngine(model, limits)
 
 
 def build_worker(settings: WorkerSettings, *, handle_signals: bool = True) -> Worker:

@@ -99,7 +99,13 @@ def test_arq_job_start_line_does_not_log_prompt_text() -> None:
     from worker.jobs import RedactJobArguments
 
     record = logging.LogRecord(
-        "arq.worker", logging.INFO, "", 0, "%6.2fs → %s(%s)%s", (0.01, "abc:generate", "{'prompt': 'secret'}", ""), None
+        "arq.worker",
+        logging.INFO,
+        "",
+        0,
+        "%6.2fs → %s(%s)%s",
+        (0.01, "abc:generate", "{'prompt': 'secret'}", ""),
+        None,
     )
     RedactJobArguments().filter(record)
     assert "secret" not in record.getMessage()

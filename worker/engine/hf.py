@@ -1,176 +1,187 @@
-"""Owns the transformers backend: runs a causal LM one step at a time for many sequences.
+"""Owns the batched transformers backend: continuous batching over one padded KV cache.
 
-Cache layout: each sequence keeps its own KV cache (``DynamicCache`` unless
-``cache_implementation`` says otherwise) and every running sequence advances one
-token per ``step()``. Sequences join and leave between steps, so a new request
-starts within one step, but they do not yet share a forward pass: throughput
-stays at single-sequence speed (about 12 tok/s in total for SmolLM2-135M on
-2 CPU cores). Padded/paged batching replaces the per-sequence loop behind the
-same ``Engine`` interface.
-
-Beam search (``num_beams > 1``) cannot be stepped alongside others here, so it
-runs on a single-request path through ``model.generate`` and reports all of its
-tokens in one update.
+A step is schedule, execute, update (vLLM V1's shape):
+  1. admit waiting requests that fit (``scheduler.py``);
+  2. decode: one forward of ``[batch, 1]`` tokens for every running row, each row
+     sampled with its own processors and generator;
+  3. prefill: at most ``max_prefill_tokens`` of new prompts, chunked; a prompt
+     whose last chunk ran samples its first token and its cache joins the batch;
+  4. rows that finished leave the cache (``kv_cache.py``).
+Decoding runs before prefill so a burst of new prompts costs the running streams
+at most one prefill chunk per step. Requests the batch cannot honour (beam
+search) run alone through ``model.generate`` (``sequential.run_beam_search``).
 """
 
 from __future__ import annotations
 
-import logging
-from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
-from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StaticCache
-from transformers.cache_utils import Cache
+from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
 from shared.protocol import FinishReason
 from worker.engine import EngineRequest, SequenceUpdate
+from worker.engine.kv_cache import PaddedKVCache
 from worker.engine.sampling import build_processors, choose_token, make_generator
-
-logger = logging.getLogger(__name__)
+from worker.engine.scheduler import BatchLimits, PrefillChunk, Scheduler
+from worker.engine.sequential import run_beam_search
 
 
 @dataclass
 class _Sequence:
     request: EngineRequest
-    token_ids: list[int]
     processors: LogitsProcessorList
     generator: torch.Generator | None
-    cache: Cache | None = None
+    token_ids: list[int]
     generated: int = 0
-    pending: list[int] = field(default_factory=list)  # tokens not yet fed to the model
+    prefilled: int = 0
+    prefill_cache: DynamicCache | None = field(default=None, repr=False)
 
     @property
     def request_id(self) -> str:
         return self.request.request_id
 
+    @property
+    def needs_context(self) -> bool:
+        """Whether sampling must see the token history (penalties, n-grams, min length)."""
+        return len(self.processors) > 0
+
+    def accept(self, token: int) -> SequenceUpdate:
+        self.token_ids.append(token)
+        self.generated += 1
+        reason = None
+        if token in self.request.eos_token_ids:
+            reason = FinishReason.STOP
+        elif self.generated >= self.request.max_new_tokens:
+            reason = FinishReason.LENGTH
+        return SequenceUpdate(self.request_id, (token,), reason)
+
 
 class TransformersEngine:
-    """An ``Engine`` over a loaded ``PreTrainedModel``."""
+    """An ``Engine`` whose running sequences share every decode forward pass."""
 
-    def __init__(
-        self,
-        model: PreTrainedModel,
-        *,
-        max_batch_size: int,
-        cache_implementation: str | None = None,
-        use_cache: bool = True,
-    ) -> None:
+    def __init__(self, model: PreTrainedModel, limits: BatchLimits) -> None:
         self._model = model
         self._device = model.device
-        self._max_batch_size = max_batch_size
-        self._cache_implementation = cache_implementation or "dynamic"
-        self._use_cache = use_cache
-        self._waiting: deque[EngineRequest] = deque()
-        self._running: dict[str, _Sequence] = {}
-        if self._cache_implementation not in ("dynamic", "static"):
-            raise ValueError(
-                f"cache_implementation {cache_implementation!r} is not supported (dynamic, static)"
-            )
+        self._scheduler = Scheduler(limits)
+        self._prefilling: dict[str, _Sequence] = {}
+        self._rows: list[_Sequence] = []  # row i of the cache is self._rows[i]
+        self._kv: PaddedKVCache | None = None
 
     def add(self, request: EngineRequest) -> None:
-        self._waiting.append(request)
+        self._scheduler.add(request)
 
     def abort(self, request_id: str) -> None:
-        self._running.pop(request_id, None)
-        self._waiting = deque(request for request in self._waiting if request.request_id != request_id)
+        if self._scheduler.remove(request_id) or self._prefilling.pop(request_id, None) is not None:
+            return
+        self._drop_rows({request_id})
 
     def has_unfinished(self) -> bool:
-        return bool(self._waiting or self._running)
+        return bool(self._scheduler.waiting or self._prefilling or self._rows)
 
     def close(self) -> None:
-        self._waiting.clear()
-        self._running.clear()
+        self._scheduler.waiting.clear()
+        self._prefilling.clear()
+        self._rows, self._kv = [], None
 
     @torch.inference_mode()
     def step(self) -> list[SequenceUpdate]:
-        self._admit()
-        updates = [self._advance(sequence) for sequence in list(self._running.values())]
-        for update in updates:
-            if update.is_finished:
-                self._running.pop(update.request_id, None)
+        updates = self._admit()
+        updates += self._decode()
+        updates += self._prefill()
+        self._drop_rows({update.request_id for update in updates if update.is_finished})
         return updates
 
-    def _admit(self) -> None:
-        while self._waiting and len(self._running) < self._max_batch_size:
-            request = self._waiting.popleft()
-            self._running[request.request_id] = _Sequence(
+    def _admit(self) -> list[SequenceUpdate]:
+        lengths = [len(sequence.token_ids) for sequence in (*self._rows, *self._prefilling.values())]
+        updates: list[SequenceUpdate] = []
+        for request in self._scheduler.admit(lengths):
+            if request.sampling.num_beams > 1:
+                updates.append(run_beam_search(self._model, request))
+                continue
+            self._prefilling[request.request_id] = _Sequence(
                 request=request,
-                token_ids=list(request.prompt_token_ids),
                 processors=build_processors(
                     request.sampling, len(request.prompt_token_ids), request.eos_token_ids
                 ),
                 generator=make_generator(request.sampling, self._device),
-                pending=list(request.prompt_token_ids),
+                token_ids=list(request.prompt_token_ids),
             )
+        return updates
 
-    def _advance(self, sequence: _Sequence) -> SequenceUpdate:
-        if sequence.request.sampling.num_beams > 1:
-            return self._beam_search(sequence)
-        logits = self._forward(sequence)
-        all_ids = torch.tensor([sequence.token_ids], device=self._device)
-        token = choose_token(logits, all_ids, sequence.processors, sequence.generator)  # type: ignore[arg-type]
-        sequence.token_ids.append(token)
-        sequence.pending = [token]
-        sequence.generated += 1
-        return SequenceUpdate(sequence.request_id, (token,), _finish_reason(sequence, token))
-
-    def _forward(self, sequence: _Sequence) -> torch.Tensor:
-        if not self._use_cache:
-            input_ids = torch.tensor([sequence.token_ids], device=self._device)
-            return self._model(input_ids=input_ids, use_cache=False).logits[:, -1, :]  # type: ignore[no-any-return]
-        if sequence.cache is None:
-            sequence.cache = self._new_cache(sequence.request)
-        input_ids = torch.tensor([sequence.pending], device=self._device)
-        output = self._model(input_ids=input_ids, past_key_values=sequence.cache, use_cache=True)
-        return output.logits[:, -1, :]  # type: ignore[no-any-return]
-
-    def _new_cache(self, request: EngineRequest) -> Cache:
-        if self._cache_implementation == "static":
-            length = len(request.prompt_token_ids) + request.max_new_tokens
-            return StaticCache(config=self._model.config, max_cache_len=length)
-        return DynamicCache(config=self._model.config)
-
-    def _beam_search(self, sequence: _Sequence) -> SequenceUpdate:
-        request = sequence.request
-        prompt = torch.tensor([list(request.prompt_token_ids)], device=self._device)
-        output = self._model.generate(  # type: ignore[operator]
-            prompt, attention_mask=torch.ones_like(prompt), **_beam_options(request)
+    def _decode(self) -> list[SequenceUpdate]:
+        if self._kv is None or not self._rows:
+            return []
+        input_ids = torch.tensor([[row.token_ids[-1]] for row in self._rows], device=self._device)
+        positions = self._kv.next_positions()
+        output = self._model(
+            input_ids=input_ids,
+            attention_mask=self._kv.grow_mask(),
+            position_ids=positions,
+            past_key_values=self._kv.cache,
+            use_cache=True,
         )
-        new_tokens = tuple(int(token) for token in output[0, prompt.shape[1] :])
-        ends_on_eos = bool(new_tokens) and new_tokens[-1] in request.eos_token_ids
-        # generate pads finished beams with the pad token (often EOS); keep up to the first EOS.
-        if request.eos_token_ids:
-            for index, token in enumerate(new_tokens):
-                if token in request.eos_token_ids:
-                    new_tokens, ends_on_eos = new_tokens[: index + 1], True
-                    break
-        return SequenceUpdate(
-            request.request_id, new_tokens, FinishReason.STOP if ends_on_eos else FinishReason.LENGTH
+        return self._sample_rows(self._rows, output.logits[:, -1, :])
+
+    def _prefill(self) -> list[SequenceUpdate]:
+        progress = [
+            (s.request_id, s.prefilled, len(s.request.prompt_token_ids)) for s in self._prefilling.values()
+        ]
+        updates = []
+        for chunk in self._scheduler.plan_prefill(progress):
+            update = self._prefill_chunk(self._prefilling[chunk.request_id], chunk)
+            if update is not None:
+                updates.append(update)
+        return updates
+
+    def _prefill_chunk(self, sequence: _Sequence, chunk: PrefillChunk) -> SequenceUpdate | None:
+        if sequence.prefill_cache is None:
+            sequence.prefill_cache = DynamicCache(config=self._model.config)
+        tokens = sequence.request.prompt_token_ids[chunk.start : chunk.stop]
+        output = self._model(
+            input_ids=torch.tensor([tokens], device=self._device),
+            position_ids=torch.arange(chunk.start, chunk.stop, device=self._device).unsqueeze(0),
+            past_key_values=sequence.prefill_cache,
+            use_cache=True,
         )
+        sequence.prefilled = chunk.stop
+        if not chunk.is_last:
+            return None
+        del self._prefilling[sequence.request_id]
+        update = self._sample_rows([sequence], output.logits[:, -1, :])[0]
+        if not update.is_finished:
+            self._join_batch(sequence)
+        return update
 
+    def _join_batch(self, sequence: _Sequence) -> None:
+        assert sequence.prefill_cache is not None
+        mask = torch.ones((1, sequence.prefilled), dtype=torch.long, device=self._device)
+        joining = PaddedKVCache(sequence.prefill_cache, mask)
+        sequence.prefill_cache = None
+        if self._kv is None:
+            self._kv = joining
+        else:
+            self._kv.append(joining)
+        self._rows.append(sequence)
 
-def _beam_options(request: EngineRequest) -> dict[str, Any]:
-    params = request.sampling
-    eos = sorted(request.eos_token_ids)
-    return {
-        "num_beams": params.num_beams,
-        "do_sample": False,
-        "max_new_tokens": request.max_new_tokens,
-        "min_new_tokens": params.min_new_tokens,
-        "length_penalty": params.length_penalty,
-        "repetition_penalty": params.repetition_penalty,
-        "no_repeat_ngram_size": params.no_repeat_ngram_size,
-        # An empty EOS list means ignore_eos: give generate an id it can never produce.
-        "eos_token_id": eos or -1,
-        "early_stopping": True,
-    }
+    def _sample_rows(self, rows: list[_Sequence], logits: torch.Tensor) -> list[SequenceUpdate]:
+        greedy = logits.argmax(dim=-1).tolist()
+        updates = []
+        for index, row in enumerate(rows):
+            if row.generator is None and not row.needs_context:
+                token = int(greedy[index])
+            else:
+                history = torch.tensor([row.token_ids], device=self._device)
+                token = choose_token(logits[index : index + 1], history, row.processors, row.generator)  # type: ignore[arg-type]
+            updates.append(row.accept(token))
+        return updates
 
-
-def _finish_reason(sequence: _Sequence, token: int) -> FinishReason | None:
-    if token in sequence.request.eos_token_ids:
-        return FinishReason.STOP
-    if sequence.generated >= sequence.request.max_new_tokens:
-        return FinishReason.LENGTH
-    return None
+    def _drop_rows(self, request_ids: set[str]) -> None:
+        keep = [index for index, row in enumerate(self._rows) if row.request_id not in request_ids]
+        if len(keep) == len(self._rows):
+            return
+        self._rows = [self._rows[index] for index in keep]
+        if not keep:
+            self._kv = None
+        elif self._kv is not None:
+            self._kv.keep(keep)

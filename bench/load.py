@@ -1,0 +1,140 @@
+"""Owns the load generator: C concurrent streaming chat requests against the gateway, timed per chunk.
+
+It speaks raw HTTP with httpx and parses the SSE lines itself rather than use
+the openai SDK, so each timestamp is taken the moment a line arrives, with no
+object model in between; the request body is the one the SDK would send
+(``ignore_eos`` is what ``extra_body={"ignore_eos": True}`` adds).
+
+A level is a closed loop: C client tasks each send the next request as soon as
+their previous one ends, until ``requests`` have been sent (one wave when
+``requests == C``). ``max_seconds`` bounds the level: at the deadline, requests
+not yet sent are dropped and those in flight are cancelled (the gateway then
+aborts their jobs) and marked ``truncated``; their tokens so far still count.
+
+Intentional divergence: the client runs on the same 2 cores as the worker and
+gateway, so at C=64 its parsing competes with them; the numbers describe the
+whole box, as a user of a single-machine deployment would see them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from bench.prompts import chat_messages, user_prompt
+from bench.stats import RequestRecord
+
+SETTLE_AFTER_TRUNCATION_S = 3.0  # lets the worker drop aborted sequences before the next level
+
+
+@dataclass(frozen=True)
+class LevelRun:
+    records: list[RequestRecord]
+    wall_s: float
+    deadline_hit: bool
+
+
+def _request_body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
+    return {
+        "model": model,
+        "messages": chat_messages(prompt),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+
+
+def _consume_line(record: RequestRecord, line: str) -> None:
+    """Apply one SSE line to the record: content chunks are timed, the usage chunk gives the tokens."""
+    if not line.startswith("data:"):
+        return  # blank separators, comments (keepalives), event/id fields
+    payload = line.removeprefix("data:").strip()
+    if payload == "[DONE]":
+        return
+    chunk = json.loads(payload)
+    if "error" in chunk:
+        record.error = f"stream error: {chunk['error'].get('message', chunk['error'])}"
+        return
+    choices = chunk.get("choices") or []
+    if choices and (choices[0].get("delta") or {}).get("content"):
+        record.chunk_times.append(time.perf_counter())
+    usage = chunk.get("usage")
+    if usage:
+        record.completion_tokens = int(usage["completion_tokens"])
+
+
+async def stream_chat(client: httpx.AsyncClient, record: RequestRecord, body: dict[str, Any]) -> None:
+    """Send one streaming chat request and fill ``record``; errors are recorded, cancellation is not swallowed."""
+    try:
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            if response.status_code != 200:
+                text = (await response.aread()).decode(errors="replace")
+                record.error = f"HTTP {response.status_code}: {text[:200]}"
+                return
+            async for line in response.aiter_lines():
+                _consume_line(record, line)
+    except asyncio.CancelledError:
+        record.truncated = True
+        raise
+    except (httpx.HTTPError, ValueError) as error:
+        record.error = f"{type(error).__name__}: {error}"
+    finally:
+        record.finished_at = time.perf_counter()
+
+
+async def _client_task(
+    client: httpx.AsyncClient,
+    indices: itertools.count[int],
+    records: list[RequestRecord],
+    *,
+    model: str,
+    requests: int,
+    max_tokens: int,
+) -> None:
+    while (index := next(indices)) < requests:
+        record = RequestRecord(index=index, started_at=time.perf_counter())
+        records.append(record)
+        await stream_chat(client, record, _request_body(model, user_prompt(index), max_tokens))
+
+
+async def run_level(
+    base_url: str, model: str, *, concurrency: int, requests: int, max_tokens: int, max_seconds: float
+) -> LevelRun:
+    """Run one sweep level and return every request's record."""
+    records: list[RequestRecord] = []
+    indices = itertools.count()
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    timeout = httpx.Timeout(max_seconds + 60.0, connect=30.0)
+    deadline_hit = False
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as client:
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(max_seconds), asyncio.TaskGroup() as group:
+                for _ in range(concurrency):
+                    group.create_task(
+                        _client_task(
+                            client, indices, records, model=model, requests=requests, max_tokens=max_tokens
+                        )
+                    )
+        except TimeoutError:
+            deadline_hit = True
+        wall_s = time.perf_counter() - started
+    if deadline_hit:
+        await asyncio.sleep(SETTLE_AFTER_TRUNCATION_S)
+    return LevelRun(records=records, wall_s=wall_s, deadline_hit=deadline_hit)
+
+
+async def warm_up(base_url: str, model: str, timeout_s: float) -> RequestRecord:
+    """One short request, not measured: the worker's first forward passes are slow."""
+    record = RequestRecord(index=-1, started_at=time.perf_counter())
+    async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s) as client:
+        await stream_chat(client, record, _request_body(model, "Say hello.", 8))
+    return record

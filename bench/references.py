@@ -1,0 +1,151 @@
+"""Owns the in-process references: the same model and prompts through plain transformers, no server.
+
+Three baselines frame the gateway's numbers:
+
+- ``naive``: one request at a time through ``model.generate`` (a server with no
+  batching at all); the floor a serving stack must beat.
+- ``static_batch``: ``model.generate`` on one left-padded batch of C prompts, all
+  decoded in lock-step; the ceiling for C requests that arrive together, with
+  no HTTP, Redis, scheduling or detokenization cost.
+- ``continuous_batching``: transformers' own ``model.generate_batch`` (paged KV
+  cache, its own scheduler) on the same C prompts; a failure is reported, not raised.
+
+All decode greedily and exactly ``output_tokens`` tokens: ``min_new_tokens``
+suppresses EOS for ``generate``, and ``generate_batch`` gets ``eos_token_id=None``,
+which its manager turns into -1 (no EOS). Prompts are padded by hand (left,
+with the pad token or else EOS) rather than by mutating the tokenizer's
+``padding_side``. ``max_time`` (transformers' ``MaxTimeCriteria``) caps each
+``generate`` call at ``--max-seconds-per-level``; ``generate_batch`` has no such
+cap, so a size whose static batch was already capped is skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from worker.model_loading import LoadedModel
+
+
+def load_reference_model() -> LoadedModel:
+    """The worker's own loader with default settings: the bundled model on CPU, as the worker loads it."""
+    from transformers.utils import logging as hf_logging
+
+    from shared.settings import WorkerSettings
+    from worker.model_loading import load_model
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    return load_model(WorkerSettings())
+
+
+def _pad_id(loaded: LoadedModel) -> int:
+    tokenizer = loaded.tokenizer
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    return int(pad)
+
+
+def _left_padded(prompts: Sequence[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    import torch
+
+    width = max(len(ids) for ids in prompts)
+    input_ids = torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in prompts])
+    return input_ids, attention_mask
+
+
+def _generate(loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int, max_time: float) -> int:
+    """Decode ``new_tokens`` greedy tokens for every prompt in one batch; return the tokens produced."""
+    import torch
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        max_time=max_time,
+        pad_token_id=_pad_id(loaded),
+        eos_token_id=loaded.tokenizer.eos_token_id,
+    )
+    input_ids, attention_mask = _left_padded(prompts, _pad_id(loaded))
+    with torch.inference_mode():
+        output = loaded.model.generate(
+            input_ids=input_ids.to(loaded.device),
+            attention_mask=attention_mask.to(loaded.device),
+            generation_config=config,
+        )
+    return int(output.shape[1] - input_ids.shape[1]) * len(prompts)
+
+
+def warm_up(loaded: LoadedModel, prompt: list[int]) -> None:
+    """A few untimed steps: the first forward passes allocate and are slow."""
+    _generate(loaded, [prompt], 4, max_time=60.0)
+
+
+def naive(loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int, max_time: float) -> dict[str, Any]:
+    """One request at a time, back to back."""
+    latencies: list[float] = []
+    tokens = 0
+    for prompt in prompts:
+        started = time.perf_counter()
+        tokens += _generate(loaded, [prompt], new_tokens, max_time)
+        latencies.append(time.perf_counter() - started)
+    total = sum(latencies)
+    return {
+        "requests": len(prompts),
+        "output_tokens": tokens,
+        "wall_s": round(total, 3),
+        "output_tokens_per_s": round(tokens / total, 2),
+        "request_latency_s_mean": round(total / len(prompts), 3),
+        "partial": tokens < new_tokens * len(prompts),
+    }
+
+
+def static_batch(
+    loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int, max_time: float
+) -> dict[str, Any]:
+    """All prompts in one left-padded ``generate`` call."""
+    started = time.perf_counter()
+    tokens = _generate(loaded, prompts, new_tokens, max_time)
+    wall = time.perf_counter() - started
+    return {
+        "batch_size": len(prompts),
+        "output_tokens": tokens,
+        "wall_s": round(wall, 3),
+        "output_tokens_per_s": round(tokens / wall, 2),
+        "partial": tokens < new_tokens * len(prompts),
+    }
+
+
+def continuous_batching(loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int) -> dict[str, Any]:
+    """``model.generate_batch`` on all prompts; any failure becomes the ``error`` field."""
+    from transformers import GenerationConfig
+
+    config = GenerationConfig(
+        do_sample=False, max_new_tokens=new_tokens, eos_token_id=None, pad_token_id=_pad_id(loaded)
+    )
+    started = time.perf_counter()
+    try:
+        results = loaded.model.generate_batch(inputs=[list(ids) for ids in prompts], generation_config=config)
+    except Exception as error:  # report any backend failure (CPU support varies by version)
+        return {"batch_size": len(prompts), "error": f"{type(error).__name__}: {error}"}
+    wall = time.perf_counter() - started
+    outputs = list(results.values())
+    tokens = sum(len(output.generated_tokens) for output in outputs)
+    failures = [str(output.error) for output in outputs if output.error is not None]
+    missing = len(prompts) - len(outputs)
+    error = None
+    if failures or missing:
+        error = f"{missing} results missing, {len(failures)} failed: {failures[:1]}"
+    return {
+        "batch_size": len(prompts),
+        "output_tokens": tokens,
+        "wall_s": round(wall, 3),
+        "output_tokens_per_s": round(tokens / wall, 2) if tokens else None,
+        "short_sequences": sum(len(output.generated_tokens) < new_tokens for output in outputs),
+        "error": error,
+    }

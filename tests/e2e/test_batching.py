@@ -1,0 +1,62 @@
+"""Continuous batching with the real model: sharing forward passes changes no sequence's tokens."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+import pytest
+
+from shared.settings import WorkerSettings
+from tests.engines import request, run_to_end
+from worker.engine.hf import TransformersEngine
+from worker.engine.scheduler import BatchLimits
+
+pytestmark = pytest.mark.e2e
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Explain gravity in one sentence.",
+    "List three colors.",
+    "Who wrote Hamlet?",
+    "What is 2+2?",
+    "Name a large mammal.",
+    "Say hello in Spanish.",
+]
+
+
+def test_greedy_tokens_alone_equal_tokens_in_a_full_batch() -> None:
+    from worker.model_loading import load_model
+
+    loaded = load_model(WorkerSettings())
+    prompts = [
+        loaded.tokenizer.apply_chat_template(
+            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+        )
+        for question in QUESTIONS
+    ]
+    requests = [
+        request(f"q{i}", loaded.tokenizer.encode(text, add_special_tokens=False), max_new_tokens=32, eos=[2])
+        for i, text in enumerate(prompts)
+    ]
+    alone = {
+        r.request_id: run_to_end(TransformersEngine(loaded.model, BatchLimits()), [r])[r.request_id]
+        for r in requests
+    }
+    together = run_to_end(TransformersEngine(loaded.model, BatchLimits(max_prefill_tokens=64)), requests)
+    assert together == alone
+
+
+async def test_concurrent_http_requests_get_the_answers_they_get_alone(gateway_url: str, model: str) -> None:
+    client = openai.AsyncOpenAI(base_url=f"{gateway_url}/v1", api_key="unused", timeout=300, max_retries=0)
+
+    async def ask(question: str) -> str:
+        reply = await client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": question}], max_tokens=24, temperature=0
+        )
+        return reply.choices[0].message.content or ""
+
+    alone = [await ask(question) for question in QUESTIONS[:4]]
+    together = await asyncio.gather(*(ask(question) for question in QUESTIONS[:4]))
+    assert list(together) == alone

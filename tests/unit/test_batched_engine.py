@@ -1,0 +1,121 @@
+"""The batched transformers engine: sharing forward passes must not change any sequence's output."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import LlamaForCausalLM
+
+from shared.protocol import FinishReason
+from tests.engines import batched_engine, request, run_to_end, tiny_llama
+from worker.engine.sequential import SequentialEngine
+
+PROMPTS = {"a": [5, 6, 7], "b": [9, 10, 11, 12, 13, 14, 15, 16, 17], "c": [20], "d": [30, 31, 32, 33, 34]}
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaForCausalLM:
+    return tiny_llama()
+
+
+def test_greedy_output_alone_equals_output_in_a_batch(model: LlamaForCausalLM) -> None:
+    requests = [request(rid, prompt) for rid, prompt in PROMPTS.items()]
+    alone = {r.request_id: run_to_end(batched_engine(model), [r])[r.request_id] for r in requests}
+    together = run_to_end(batched_engine(model, max_prefill_tokens=4), requests)
+    assert together == alone
+
+
+def test_batched_greedy_matches_the_per_sequence_engine(model: LlamaForCausalLM) -> None:
+    requests = [request(rid, prompt) for rid, prompt in PROMPTS.items()]
+    sequential = run_to_end(SequentialEngine(model, max_batch_size=8), requests)
+    assert run_to_end(batched_engine(model), requests) == sequential
+
+
+def test_seeded_sampling_is_the_same_whatever_shares_the_batch(model: LlamaForCausalLM) -> None:
+    seeded = request("s", PROMPTS["a"], temperature=1.0, top_k=20, seed=11)
+    alone = run_to_end(batched_engine(model), [seeded])["s"]
+    others = [
+        request(rid, prompt, temperature=0.9, seed=i) for i, (rid, prompt) in enumerate(PROMPTS.items())
+    ]
+    assert run_to_end(batched_engine(model), [*others, seeded])["s"] == alone
+
+
+def test_a_request_joining_mid_flight_starts_within_one_step(model: LlamaForCausalLM) -> None:
+    engine = batched_engine(model)
+    engine.add(request("early", PROMPTS["b"], max_new_tokens=50))
+    for _ in range(5):
+        engine.step()
+    engine.add(request("late", PROMPTS["a"], max_new_tokens=3))
+    first_step = {update.request_id for update in engine.step()}
+    assert first_step == {"early", "late"}
+
+
+def test_abort_frees_the_row_and_leaves_others_untouched(model: LlamaForCausalLM) -> None:
+    engine = batched_engine(model)
+    keep, drop = (
+        request("keep", PROMPTS["a"], max_new_tokens=10),
+        request("drop", PROMPTS["b"], max_new_tokens=10),
+    )
+    engine.add(keep)
+    engine.add(drop)
+    produced: list[int] = []
+    for step in range(10):
+        if step == 3:
+            engine.abort("drop")
+        updates = engine.step()
+        assert step <= 3 or all(update.request_id == "keep" for update in updates)
+        produced += [t for u in updates if u.request_id == "keep" for t in u.new_token_ids]
+    assert not engine.has_unfinished()
+    assert produced == run_to_end(batched_engine(model), [keep])["keep"]
+
+
+def test_batch_size_limit_makes_requests_wait_not_fail(model: LlamaForCausalLM) -> None:
+    engine = batched_engine(model, max_batch_size=2)
+    requests = [request(rid, prompt, max_new_tokens=4) for rid, prompt in PROMPTS.items()]
+    for r in requests:
+        engine.add(r)
+    finished: dict[str, FinishReason] = {}
+    while engine.has_unfinished():
+        updates = engine.step()
+        assert len({u.request_id for u in updates}) <= 2
+        finished |= {u.request_id: u.finish_reason for u in updates if u.finish_reason is not None}
+    assert finished == dict.fromkeys(PROMPTS, FinishReason.LENGTH)
+
+
+def test_token_budget_admits_a_lone_oversized_request(model: LlamaForCausalLM) -> None:
+    produced = run_to_end(
+        batched_engine(model, max_batch_tokens=2), [request("big", PROMPTS["b"], max_new_tokens=3)]
+    )
+    assert len(produced["big"]) == 3
+
+
+def test_eos_ends_with_stop_and_max_tokens_with_length(model: LlamaForCausalLM) -> None:
+    greedy = run_to_end(batched_engine(model), [request("g", PROMPTS["d"])])["g"]
+    engine = batched_engine(model)
+    engine.add(request("eos", PROMPTS["d"], eos=[greedy[2]]))
+    engine.add(request("len", PROMPTS["d"], max_new_tokens=2))
+    reasons: dict[str, tuple[FinishReason | None, int]] = {}
+    counts = {"eos": 0, "len": 0}
+    while engine.has_unfinished():
+        for update in engine.step():
+            counts[update.request_id] += len(update.new_token_ids)
+            if update.is_finished:
+                reasons[update.request_id] = (update.finish_reason, counts[update.request_id])
+    assert reasons["eos"] == (FinishReason.STOP, greedy.index(greedy[2]) + 1)
+    assert reasons["len"] == (FinishReason.LENGTH, 2)
+
+
+def test_min_new_tokens_suppresses_eos(model: LlamaForCausalLM) -> None:
+    greedy = run_to_end(batched_engine(model), [request("g", PROMPTS["d"])])["g"]
+    eos = greedy[0]
+    produced = run_to_end(batched_engine(model), [request("m", PROMPTS["d"], eos=[eos], min_new_tokens=5)])[
+        "m"
+    ]
+    assert len(produced) >= 5
+    assert eos not in produced[:4]
+
+
+def test_beam_search_runs_on_its_own_path_among_batched_requests(model: LlamaForCausalLM) -> None:
+    requests = [request("beam", PROMPTS["a"], max_new_tokens=6, num_beams=3), request("greedy", PROMPTS["b"])]
+    produced = run_to_end(batched_engine(model), requests)
+    assert len(produced["beam"]) == 6
+    assert produced["greedy"] == run_to_end(batched_engine(model), [requests[1]])["greedy"]

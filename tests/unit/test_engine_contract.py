@@ -1,0 +1,63 @@
+"""The Engine contract, checked against every backend: the fake and the batched transformers engine."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from shared.protocol import FinishReason
+from tests.engines import batched_engine, request, run_to_end, tiny_llama
+from worker.engine import Engine
+from worker.engine.fake import FakeEngine
+
+EngineFactory = Callable[[], Engine]
+
+
+@pytest.fixture(scope="module", params=["fake", "transformers"])
+def make_engine(request: pytest.FixtureRequest) -> EngineFactory:
+    if request.param == "fake":
+        return lambda: FakeEngine("contract text ☕ ", max_batch_size=8)
+    model = tiny_llama()
+    return lambda: batched_engine(model, max_batch_size=8)
+
+
+def test_max_new_tokens_gives_exactly_that_many_and_length(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    engine.add(request("r", [1, 2, 3], max_new_tokens=7))
+    updates = []
+    while engine.has_unfinished():
+        updates += engine.step()
+    assert sum(len(u.new_token_ids) for u in updates) == 7
+    assert [u.finish_reason for u in updates if u.is_finished] == [FinishReason.LENGTH]
+    assert updates[-1].is_finished
+
+
+def test_greedy_is_deterministic_across_engines(make_engine: EngineFactory) -> None:
+    requests = [request("a", [4, 5]), request("b", [6, 7, 8])]
+    assert run_to_end(make_engine(), requests) == run_to_end(make_engine(), requests)
+
+
+def test_no_updates_after_finish_or_abort(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    engine.add(request("short", [1], max_new_tokens=1))
+    engine.add(request("gone", [2], max_new_tokens=50))
+    engine.add(request("waits", [3], max_new_tokens=50))
+    engine.abort("waits")
+    engine.abort("never-added")
+    seen: list[str] = []
+    for _ in range(3):
+        seen += [u.request_id for u in engine.step()]
+        engine.abort("gone")
+    assert seen.count("short") == 1
+    assert "waits" not in seen
+    assert seen.count("gone") <= 1
+    assert not engine.has_unfinished()
+
+
+def test_close_forgets_everything(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    engine.add(request("r", [1, 2], max_new_tokens=5))
+    engine.step()
+    engine.close()
+    assert not engine.has_unfinished()

@@ -1,0 +1,86 @@
+"""Owns admission and prefill planning for the batched engine: pure bookkeeping, no torch.
+
+Admission is FIFO and limited twice: by ``max_batch_size`` rows and by
+``max_batch_tokens``, the padded cache size (rows x longest row) the batch may
+reach with the newcomer's prompt. The head of the queue is never skipped (no
+starvation), and a lone request is always admitted even when it alone exceeds
+the token budget, so nothing waits forever. Requests that do not fit wait in the
+queue; they never fail.
+
+Prefill is chunked: each step spends at most ``max_prefill_tokens`` on prompts,
+so a long prompt delays the decoding batch by one chunk per step, not by its
+whole prefill.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from worker.engine import EngineRequest
+
+
+@dataclass(frozen=True, slots=True)
+class BatchLimits:
+    max_batch_size: int = 32
+    max_batch_tokens: int = 131_072
+    max_prefill_tokens: int = 512
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    request_id: str
+    start: int
+    stop: int
+    prompt_length: int
+
+    @property
+    def is_last(self) -> bool:
+        return self.stop == self.prompt_length
+
+
+class Scheduler:
+    """Waiting queue plus the rules for who joins the batch and how much prefill runs per step."""
+
+    def __init__(self, limits: BatchLimits) -> None:
+        self.limits = limits
+        self.waiting: deque[EngineRequest] = deque()
+
+    def add(self, request: EngineRequest) -> None:
+        self.waiting.append(request)
+
+    def remove(self, request_id: str) -> bool:
+        """Drop a waiting request; whether it was waiting."""
+        before = len(self.waiting)
+        self.waiting = deque(request for request in self.waiting if request.request_id != request_id)
+        return len(self.waiting) != before
+
+    def admit(self, row_lengths: list[int]) -> list[EngineRequest]:
+        """Pop the waiting requests that fit beside rows of the given current lengths."""
+        admitted: list[EngineRequest] = []
+        lengths = list(row_lengths)
+        while self.waiting and self._fits(lengths, len(self.waiting[0].prompt_token_ids)):
+            request = self.waiting.popleft()
+            admitted.append(request)
+            lengths.append(len(request.prompt_token_ids))
+        return admitted
+
+    def _fits(self, lengths: list[int], prompt_length: int) -> bool:
+        if not lengths:
+            return True
+        if len(lengths) >= self.limits.max_batch_size:
+            return False
+        padded = (len(lengths) + 1) * max(max(lengths), prompt_length)
+        return padded <= self.limits.max_batch_tokens
+
+    def plan_prefill(self, progress: list[tuple[str, int, int]]) -> list[PrefillChunk]:
+        """Chunks to prefill this step from (request_id, prefilled, prompt_length), oldest first."""
+        budget = self.limits.max_prefill_tokens
+        chunks: list[PrefillChunk] = []
+        for request_id, prefilled, prompt_length in progress:
+            if budget <= 0:
+                break
+            stop = min(prompt_length, prefilled + budget)
+            chunks.append(PrefillChunk(request_id, prefilled, stop, prompt_length))
+            budget -= stop - prefilled
+        return chunks
