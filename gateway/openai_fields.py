@@ -6,7 +6,7 @@ raise a ``PydanticCustomError`` with a sentence meant for the client; its locati
 becomes the OpenAI ``param`` (``messages.2.content``). A feature we do not
 implement yet is refused with a 400 naming the field, never silently dropped.
 
-Intentional divergence: ``tools``, ``functions`` and ``logit_bias`` are refused
+Intentional divergence: ``tools`` and ``functions`` are refused
 only when they ask for something (an empty list or map, or ``tool_choice:
 "none"``, is accepted), because several client libraries always send them.
 """
@@ -184,10 +184,26 @@ BestOf = Annotated[
     Field(ge=1, description="Candidates to rank; only 1 is supported for now."),
     refuse_when(_is_more_than_one, "best_of greater than 1 is not supported yet."),
 ]
+MAX_LOGIT_BIAS_ENTRIES = 1024
+
+
+def _check_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
+    for token, bias in (value or {}).items():
+        if not token.isdigit():
+            raise PydanticCustomError(
+                "logit_bias", "logit_bias keys must be token ids, got {token!r}.", {"token": token}
+            )
+        if not -100 <= bias <= 100:
+            raise PydanticCustomError("logit_bias", "logit_bias values must be in [-100, 100].")
+    if value is not None and len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise PydanticCustomError("logit_bias", f"logit_bias takes at most {MAX_LOGIT_BIAS_ENTRIES} tokens.")
+    return value
+
+
 LogitBias = Annotated[
     dict[str, float] | None,
-    Field(description=_NOT_YET),
-    refuse_when(_is_truthy, "logit_bias is not supported yet."),
+    Field(description="Token id (as a string) -> bias in [-100, 100] added to that token's logit."),
+    AfterValidator(_check_logit_bias),
 ]
 Tools = Annotated[
     list[Any] | None,

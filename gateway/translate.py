@@ -137,6 +137,9 @@ def _sampling(request: ChatCompletionRequest | CompletionRequest, max_tokens: in
         seed=request.seed,
         ignore_eos=request.ignore_eos,
         stop=_stop_list(request.stop),
+        logit_bias={int(token): bias for token, bias in request.logit_bias.items()}
+        if request.logit_bias
+        else None,
     )
 
 

@@ -60,6 +60,7 @@ class SamplingSpec(_Part):
     seed: int | None = None
     ignore_eos: bool | None = None
     stop: list[str] | None = None
+    logit_bias: dict[int, float] | None = None
 
 
 class ChatMessage(_Part):

@@ -44,6 +44,7 @@ class Backend:
     tokenizer: Tokenizer
     generation_config: dict[str, Any]
     max_model_len: int
+    vocab_size: int
 
 
 @dataclass
@@ -64,7 +65,7 @@ def load_backend(settings: WorkerSettings) -> Backend:
             step_delay_s=settings.fake_step_delay_s,
             max_batch_size=settings.max_batch_size,
         )
-        return Backend(engine, ByteTokenizer(), {}, settings.max_model_len or 4096)
+        return Backend(engine, ByteTokenizer(), {}, settings.max_model_len or 4096, vocab_size=257)
     return _load_transformers_backend(settings)
 
 
@@ -82,18 +83,17 @@ def _load_transformers_backend(settings: WorkerSettings) -> Backend:
     eos = loaded.generation_config.get("eos_token_id")
     extra_eos = [eos] if isinstance(eos, int) else list(eos or [])
     tokenizer = HFTokenizer(loaded.tokenizer, chat_template=template, extra_eos_ids=extra_eos)
-    return Backend(
-        _build_engine(loaded.model, settings), tokenizer, loaded.generation_config, loaded.max_model_len
-    )
+    engine = _build_engine(loaded.model, settings)
+    vocab_size = int(loaded.model.config.vocab_size)
+    return Backend(engine, tokenizer, loaded.generation_config, loaded.max_model_len, vocab_size)
 
 
 def _build_engine(model: Any, settings: WorkerSettings) -> Engine:
     """The batched engine, unless a cache option only the per-sequence engine honours is set."""
     from worker.engine.hf import TransformersEngine
+    from worker.engine.kv_cache import PaddedKVCache
     from worker.engine.scheduler import BatchLimits
     from worker.engine.sequential import SequentialEngine
-
-    from worker.engine.kv_cache import PaddedKVCache
 
     if (
         settings.disable_kv_cache
@@ -145,7 +145,7 @@ async def _startup(ctx: WorkerContext) -> None:
     defaults = DefaultLayers(
         settings.server_sampling_defaults(), spec_from_generation_config(backend.generation_config)
     )
-    limits = ModelLimits(backend.max_model_len, backend.tokenizer.eos_token_ids)
+    limits = ModelLimits(backend.max_model_len, backend.tokenizer.eos_token_ids, backend.vocab_size)
     admitter = functools.partial(admit, tokenizer=backend.tokenizer, defaults=defaults, limits=limits)
     driver = EngineDriver(backend.engine, backend.tokenizer, admitter, writer, ctx["worker_id"])
     info = registry.WorkerInfo(

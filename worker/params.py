@@ -22,6 +22,7 @@ _T = TypeVar("_T")
 class ModelLimits:
     max_model_len: int
     eos_token_ids: frozenset[int]
+    vocab_size: int
 
 
 def merge_specs(*layers: SamplingSpec) -> SamplingSpec:
@@ -75,6 +76,7 @@ def to_sampling_params(spec: SamplingSpec) -> SamplingParams:
         num_beams=_or(spec.num_beams, 1),
         min_new_tokens=_or(spec.min_tokens, 0),
         seed=spec.seed,
+        logit_bias=tuple(sorted((spec.logit_bias or {}).items())),
     )
 
 
@@ -117,7 +119,7 @@ def build_engine_request(
     """Resolve the request's parameters over the defaults and check them against the model."""
     spec = defaults.under(request)
     params = to_sampling_params(spec)
-    _check_params(params)
+    _check_params(params, limits)
     fallback_max_tokens = merge_specs(defaults.server, defaults.model).max_tokens
     return EngineRequest(
         request_id=request_id,
@@ -130,7 +132,11 @@ def build_engine_request(
     )
 
 
-def _check_params(params: SamplingParams) -> None:
+def _check_params(params: SamplingParams, limits: ModelLimits) -> None:
+    if any(not 0 <= token < limits.vocab_size for token, _ in params.logit_bias):
+        raise InvalidRequest(
+            f"logit_bias token ids must be below the vocabulary size {limits.vocab_size}", param="logit_bias"
+        )
     if params.temperature < 0:
         raise InvalidRequest("temperature must be at least 0", param="temperature")
     if not 0 < params.top_p <= 1:

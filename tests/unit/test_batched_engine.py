@@ -119,3 +119,14 @@ def test_beam_search_runs_on_its_own_path_among_batched_requests(model: LlamaFor
     produced = run_to_end(batched_engine(model), requests)
     assert len(produced["beam"]) == 6
     assert produced["greedy"] == run_to_end(batched_engine(model), [requests[1]])["greedy"]
+
+
+def test_logit_bias_forces_and_bans_tokens_per_sequence(model: LlamaForCausalLM) -> None:
+    plain = request("plain", PROMPTS["a"], max_new_tokens=6)
+    forced = request("forced", PROMPTS["a"], max_new_tokens=6, logit_bias=((42, 100.0),))
+    banned_token = run_to_end(batched_engine(model), [plain])["plain"][0]
+    banned = request("banned", PROMPTS["a"], max_new_tokens=6, logit_bias=((banned_token, -100.0),))
+    produced = run_to_end(batched_engine(model), [plain, forced, banned])
+    assert produced["forced"] == [42] * 6
+    assert banned_token not in produced["banned"]
+    assert produced["plain"] == run_to_end(batched_engine(model), [plain])["plain"]

@@ -16,7 +16,7 @@ from worker.params import (
     spec_from_generation_config,
 )
 
-LIMITS = ModelLimits(max_model_len=100, eos_token_ids=frozenset({2}))
+LIMITS = ModelLimits(max_model_len=100, eos_token_ids=frozenset({2}), vocab_size=50)
 
 
 NOTHING = SamplingSpec()
@@ -108,3 +108,13 @@ def test_server_settings_defaults_come_from_env_and_yaml_below_flags(
     assert defaults.temperature == 0.7  # env beats YAML
     assert defaults.top_k == 5  # YAML beats library
     assert defaults.stop == ["END"]
+
+
+def test_logit_bias_reaches_the_engine_and_is_checked_against_the_vocabulary() -> None:
+    assert _request(SamplingSpec(logit_bias={7: 5.0, 3: -100.0})).sampling.logit_bias == (
+        (3, -100.0),
+        (7, 5.0),
+    )
+    with pytest.raises(InvalidRequest) as raised:
+        _request(SamplingSpec(logit_bias={50: 1.0}))
+    assert raised.value.param == "logit_bias"

@@ -188,7 +188,8 @@ def test_unknown_fields_are_ignored() -> None:
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"logprobs": True}, "logprobs"),
         ({"top_logprobs": 2}, "top_logprobs"),
-        ({"logit_bias": {"1": 5}}, "logit_bias"),
+        ({"logit_bias": {"one": 5}}, "logit_bias"),
+        ({"logit_bias": {"1": 101}}, "logit_bias"),
         ({"response_format": {"type": "json_object"}}, "response_format.type"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": [""]}, "stop"),
@@ -373,3 +374,8 @@ def test_models_are_listed_once_each_with_their_smallest_window() -> None:
             {"id": "m2", "object": "model", "created": 10, "owned_by": "tokenferry", "max_model_len": 2048},
         ],
     }
+
+
+def test_logit_bias_keys_become_token_ids() -> None:
+    request = chat_request(logit_bias={"15": 2.5, "7": -100})
+    assert translate.chat_job(request, REQUEST_ID, CREATED_AT).sampling.logit_bias == {15: 2.5, 7: -100.0}

@@ -32,6 +32,7 @@ class SamplingParams:
     num_beams: int = 1
     min_new_tokens: int = 0
     seed: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
 
     @property
     def is_greedy(self) -> bool:

@@ -44,11 +44,26 @@ class OpenAIPenaltyProcessor(LogitsProcessor):
         return scores - penalty  # type: ignore[return-value]
 
 
+class LogitBiasProcessor(LogitsProcessor):
+    """OpenAI's logit_bias: a fixed value added to chosen tokens' logits before anything else."""
+
+    def __init__(self, biases: tuple[tuple[int, float], ...]) -> None:
+        self._tokens = [token for token, _ in biases]
+        self._biases = [bias for _, bias in biases]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        bias = torch.tensor(self._biases, dtype=scores.dtype, device=scores.device)
+        scores[:, self._tokens] += bias
+        return scores
+
+
 def build_processors(
     params: SamplingParams, prompt_length: int, eos_token_ids: frozenset[int]
 ) -> LogitsProcessorList:
     """Penalties first (they shape the distribution), then warpers when sampling."""
     processors = LogitsProcessorList()
+    if params.logit_bias:
+        processors.append(LogitBiasProcessor(params.logit_bias))
     if params.repetition_penalty != 1.0:
         processors.append(RepetitionPenaltyLogitsProcessor(params.repetition_penalty))
     if params.presence_penalty or params.frequency_penalty:
