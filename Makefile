@@ -11,6 +11,7 @@ STAMP := $(VENV)/.setup-done
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 
 .PHONY: setup serve test test-fast lint bench clean
 
@@ -33,6 +34,11 @@ test: setup
 
 test-fast: setup
 	$(BIN)/pytest -q -m "not e2e" $(PYTEST_ARGS)
+
+# Concurrency sweep through the real gateway plus in-process references (~10 min on 2 cores);
+# BENCH_ARGS="--quick" for a smoke run, see bench/README.md.
+bench: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m bench $(BENCH_ARGS)
 
 lint: setup
 	$(BIN)/ruff check shared gateway worker tests

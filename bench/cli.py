@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from bench import load, references
@@ -28,17 +29,20 @@ from bench.servers import RunningServers, running_servers
 from bench.stats import summarize_level
 
 _WARM_UP_TIMEOUT_S = 300.0
+_CAPTURE: dict[str, Any] = {
+    "capture_output": True, "text": True, "timeout": 5, "cwd": Path(__file__).resolve().parent.parent
+}  # fmt: skip
 
 
 def _git_revision() -> str | None:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5)
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5)
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], **_CAPTURE)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "."], **_CAPTURE)
     except (OSError, subprocess.SubprocessError):
         return None
     if head.returncode != 0:
         return None
-    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    return str(head.stdout).strip() + ("-dirty" if str(dirty.stdout).strip() else "")
 
 
 def _run_fields(options: BenchOptions) -> dict[str, Any]:
@@ -60,6 +64,7 @@ def worker_argv(options: BenchOptions) -> list[str]:
 
 
 def run_references(options: BenchOptions, results: Results) -> None:
+    """Naive, static-batch and generate_batch references, in that order, in this process."""
     note("loading the model for the in-process references")
     loaded = references.load_reference_model()
     count = max(max(options.concurrency), options.naive_requests)
@@ -67,7 +72,8 @@ def run_references(options: BenchOptions, results: Results) -> None:
     tokens, cap = options.output_tokens, options.max_seconds_per_level
     references.warm_up(loaded, prompts[0])
     note(f"naive: {options.naive_requests} requests one at a time")
-    results.naive = emit("reference_naive", references.naive(loaded, prompts[: options.naive_requests], tokens, cap))
+    naive = references.naive(loaded, prompts[: options.naive_requests], tokens, cap)
+    results.naive = emit("reference_naive", naive)
     for concurrency in options.concurrency:
         note(f"static batch of {concurrency}")
         measured = references.static_batch(loaded, prompts[:concurrency], tokens, cap)
@@ -77,11 +83,11 @@ def run_references(options: BenchOptions, results: Results) -> None:
     for concurrency in options.concurrency:
         note(f"generate_batch of {concurrency}")
         if results.static[concurrency]["partial"]:
-            skipped = {"batch_size": concurrency, "skipped": "static batch hit --max-seconds-per-level"}
-            results.continuous[concurrency] = emit("reference_continuous_batching", {"concurrency": concurrency, **skipped})
-            continue
-        measured = references.continuous_batching(loaded, prompts[:concurrency], tokens)
-        results.continuous[concurrency] = emit("reference_continuous_batching", {"concurrency": concurrency, **measured})
+            measured = {"batch_size": concurrency, "skipped": "static batch hit --max-seconds-per-level"}
+        else:
+            measured = references.continuous_batching(loaded, prompts[:concurrency], tokens)
+        line = emit("reference_continuous_batching", {"concurrency": concurrency, **measured})
+        results.continuous[concurrency] = line
 
 
 async def _sweep(servers: RunningServers, options: BenchOptions, results: Results) -> None:
@@ -124,6 +130,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     results = Results()
     started = time.perf_counter()
     exit_code = 0
+    load_before = os.getloadavg()[0]
+    if load_before > 0.5:
+        note(f"load average is {load_before:.2f} before starting: other processes will slow the numbers")
     emit("run", _run_fields(options))
     try:
         if not options.skip_references:

@@ -72,7 +72,7 @@ def _consume_line(record: RequestRecord, line: str) -> None:
 
 
 async def stream_chat(client: httpx.AsyncClient, record: RequestRecord, body: dict[str, Any]) -> None:
-    """Send one streaming chat request and fill ``record``; errors are recorded, cancellation is not swallowed."""
+    """Send one streaming chat request and fill ``record``; errors are recorded, cancellation re-raised."""
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             if response.status_code != 200:

@@ -79,7 +79,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="ARG",
-        help="passed to `tokenferry worker` (repeatable): --worker-arg=--max-batch-size --worker-arg=64",
+        help="passed to `tokenferry worker` (repeatable), e.g. --worker-arg=--max-batch-size=64",
     )
     return parser
 

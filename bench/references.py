@@ -14,13 +14,14 @@ All decode greedily and exactly ``output_tokens`` tokens: ``min_new_tokens``
 suppresses EOS for ``generate``, and ``generate_batch`` gets ``eos_token_id=None``,
 which its manager turns into -1 (no EOS). Prompts are padded by hand (left,
 with the pad token or else EOS) rather than by mutating the tokenizer's
-``padding_side``. ``max_time`` (transformers' ``MaxTimeCriteria``) caps each
-``generate`` call at ``--max-seconds-per-level``; ``generate_batch`` has no such
+``padding_side``. ``max_time`` (transformers' ``MaxTimeCriteria``) caps each static
+batch, and the naive requests together, at ``--max-seconds-per-level``; ``generate_batch`` has no such
 cap, so a size whose static batch was already capped is skipped.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -40,6 +41,8 @@ def load_reference_model() -> LoadedModel:
 
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    # generate_batch warns that eos_token_id=None means "no EOS", which is what we ask for.
+    logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
     return load_model(WorkerSettings())
 
 
@@ -86,21 +89,26 @@ def warm_up(loaded: LoadedModel, prompt: list[int]) -> None:
     _generate(loaded, [prompt], 4, max_time=60.0)
 
 
-def naive(loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int, max_time: float) -> dict[str, Any]:
-    """One request at a time, back to back."""
+def naive(
+    loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int, max_time: float
+) -> dict[str, Any]:
+    """One request at a time, back to back, until done or ``max_time`` has passed in all."""
+    deadline = time.perf_counter() + max_time
     latencies: list[float] = []
     tokens = 0
     for prompt in prompts:
         started = time.perf_counter()
-        tokens += _generate(loaded, [prompt], new_tokens, max_time)
+        if started >= deadline:
+            break
+        tokens += _generate(loaded, [prompt], new_tokens, deadline - started)
         latencies.append(time.perf_counter() - started)
     total = sum(latencies)
     return {
-        "requests": len(prompts),
+        "requests": len(latencies),
         "output_tokens": tokens,
         "wall_s": round(total, 3),
         "output_tokens_per_s": round(tokens / total, 2),
-        "request_latency_s_mean": round(total / len(prompts), 3),
+        "request_latency_s_mean": round(total / len(latencies), 3),
         "partial": tokens < new_tokens * len(prompts),
     }
 
@@ -138,14 +146,12 @@ def continuous_batching(loaded: LoadedModel, prompts: Sequence[list[int]], new_t
     tokens = sum(len(output.generated_tokens) for output in outputs)
     failures = [str(output.error) for output in outputs if output.error is not None]
     missing = len(prompts) - len(outputs)
-    error = None
-    if failures or missing:
-        error = f"{missing} results missing, {len(failures)} failed: {failures[:1]}"
+    problem = f"{missing} results missing, {len(failures)} failed: {failures[:1]}"
     return {
         "batch_size": len(prompts),
         "output_tokens": tokens,
         "wall_s": round(wall, 3),
         "output_tokens_per_s": round(tokens / wall, 2) if tokens else None,
         "short_sequences": sum(len(output.generated_tokens) < new_tokens for output in outputs),
-        "error": error,
+        "error": problem if failures or missing else None,
     }

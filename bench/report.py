@@ -10,6 +10,7 @@ stderr, keeping stdout machine-readable up to the table, which follows a blank l
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -29,8 +30,13 @@ class Results:
 
 
 def emit(kind: str, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """Print one JSON line and return it."""
-    line = {"kind": kind, "schema": SCHEMA, **fields}
+    """Print one JSON line and return it.
+
+    ``loadavg_1m`` is the 1-minute load average when the measurement ended: on a
+    2-core box anything much above what the benchmark itself runs (about 2)
+    means another process took CPU and the numbers are low.
+    """
+    line = {"kind": kind, "schema": SCHEMA, **fields, "loadavg_1m": round(os.getloadavg()[0], 2)}
     print(json.dumps(line), flush=True)
     return line
 
@@ -67,7 +73,7 @@ def _cell(value: Any, width: int) -> str:
     if value is None:
         text = "-"
     elif isinstance(value, float):
-        text = f"{value:.3g}" if abs(value) < 10 else f"{value:.0f}" if abs(value) >= 1000 else f"{value:.1f}"
+        text = f"{value:.2f}" if abs(value) < 100 else f"{value:.0f}"
     else:
         text = str(value)
     return text.rjust(width)

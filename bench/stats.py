@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import pairwise
 from typing import Any
 
 
@@ -44,7 +45,7 @@ class RequestRecord:
         return self.chunk_times[0] - self.started_at if self.chunk_times else None
 
     def inter_chunk_gaps(self) -> list[float]:
-        return [later - earlier for earlier, later in zip(self.chunk_times, self.chunk_times[1:], strict=False)]
+        return [later - earlier for earlier, later in pairwise(self.chunk_times)]
 
     def tpot_s(self) -> float | None:
         if self.completion_tokens is None or self.completion_tokens < 2 or len(self.chunk_times) < 2:
@@ -79,6 +80,7 @@ def summarize_level(records: Sequence[RequestRecord], wall_s: float, expected_to
         "requests_completed": len(complete),
         "errors": sum(record.error is not None for record in records),
         "truncated_requests": sum(record.truncated for record in records),
+        "no_first_token": sum(record.error is None and record.ttft_s is None for record in records),
         "short_requests": sum(record.tokens < expected_tokens for record in complete),
         "output_tokens": tokens,
         "wall_s": round(wall_s, 3),

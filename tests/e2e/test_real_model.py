@@ -9,7 +9,8 @@ import sys
 import openai
 import pytest
 
-pytestmark = pytest.mark.e2e
+# Generous: these run the real model on 2 busy cores.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
@@ -100,3 +101,16 @@ def test_cli_complete_prints_a_streamed_answer(gateway_url: str) -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip()
     assert "8 completion" in result.stderr
+
+
+def test_cli_chat_answers_a_question_from_stdin(gateway_url: str) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "shared.cli", "chat", "--base-url", f"{gateway_url}/v1", "--max-tokens", "20"],
+        input="What is the capital of France?\n/exit\n",
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert "Paris" in result.stdout

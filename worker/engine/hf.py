@@ -127,14 +127,44 @@ class TransformersEngine:
         progress = [
             (s.request_id, s.prefilled, len(s.request.prompt_token_ids)) for s in self._prefilling.values()
         ]
-        updates = []
-        for chunk in self._scheduler.plan_prefill(progress):
-            update = self._prefill_chunk(self._prefilling[chunk.request_id], chunk)
-            if update is not None:
-                updates.append(update)
+        chunks = self._scheduler.plan_prefill(progress)
+        # Prompts that fit the step's budget whole share one padded forward; the rest go chunk by chunk.
+        whole = [self._prefilling.pop(c.request_id) for c in chunks if c.start == 0 and c.is_last]
+        updates = self._prefill_together(whole) if whole else []
+        for chunk in chunks:
+            if chunk.request_id in self._prefilling:
+                updates += self._prefill_chunk(self._prefilling[chunk.request_id], chunk)
         return updates
 
-    def _prefill_chunk(self, sequence: _Sequence, chunk: PrefillChunk) -> SequenceUpdate | None:
+    def _prefill_together(self, sequences: list[_Sequence]) -> list[SequenceUpdate]:
+        """One left-padded forward over whole prompts; the group then joins the batch at once."""
+        length = max(len(s.request.prompt_token_ids) for s in sequences)
+        rows = [
+            [0] * (length - len(s.request.prompt_token_ids)) + list(s.request.prompt_token_ids)
+            for s in sequences
+        ]
+        mask = torch.tensor(
+            [
+                [0] * (length - len(s.request.prompt_token_ids)) + [1] * len(s.request.prompt_token_ids)
+                for s in sequences
+            ],
+            device=self._device,
+        )
+        cache = DynamicCache(config=self._model.config)
+        output = self._model(
+            input_ids=torch.tensor(rows, device=self._device),
+            attention_mask=mask,
+            position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        for sequence in sequences:
+            sequence.prefilled = len(sequence.request.prompt_token_ids)
+        self._join_batch(sequences, PaddedKVCache(cache, mask))
+        return self._sample_rows(sequences, output.logits[:, -1, :])
+
+    def _prefill_chunk(self, sequence: _Sequence, chunk: PrefillChunk) -> list[SequenceUpdate]:
+        """Prefill part of one long prompt into its own cache; it joins after its last chunk."""
         if sequence.prefill_cache is None:
             sequence.prefill_cache = DynamicCache(config=self._model.config)
         tokens = sequence.request.prompt_token_ids[chunk.start : chunk.stop]
@@ -146,23 +176,20 @@ class TransformersEngine:
         )
         sequence.prefilled = chunk.stop
         if not chunk.is_last:
-            return None
+            return []
         del self._prefilling[sequence.request_id]
-        update = self._sample_rows([sequence], output.logits[:, -1, :])[0]
-        if not update.is_finished:
-            self._join_batch(sequence)
-        return update
-
-    def _join_batch(self, sequence: _Sequence) -> None:
-        assert sequence.prefill_cache is not None
         mask = torch.ones((1, sequence.prefilled), dtype=torch.long, device=self._device)
-        joining = PaddedKVCache(sequence.prefill_cache, mask)
+        self._join_batch([sequence], PaddedKVCache(sequence.prefill_cache, mask))
         sequence.prefill_cache = None
+        return self._sample_rows([sequence], output.logits[:, -1, :])
+
+    def _join_batch(self, sequences: list[_Sequence], cache: PaddedKVCache) -> None:
+        """Append prefilled rows; rows that finish on their first token leave again at the step's end."""
         if self._kv is None:
-            self._kv = joining
+            self._kv = cache
         else:
-            self._kv.append(joining)
-        self._rows.append(sequence)
+            self._kv.append(cache)
+        self._rows.extend(sequences)
 
     def _sample_rows(self, rows: list[_Sequence], logits: torch.Tensor) -> list[SequenceUpdate]:
         greedy = logits.argmax(dim=-1).tolist()
