@@ -85,29 +85,24 @@ class ChatMessageParam(_Request):
     tool_calls: MessageToolCalls = None
 
 
-class ChatCompletionRequest(_Request):
-    """Body of POST /v1/chat/completions."""
+class _GenerationRequest(_Request):
+    """Fields chat and text completions share: the model and every sampling parameter.
 
-    messages: list[ChatMessageParam] = Field(min_length=1, description="The conversation so far.")
+    The HuggingFace parameters after ``user`` are tokenferry extensions; the
+    OpenAI SDK sends them from ``extra_body``, which lands at the top level.
+    """
+
     model: str = Field(description="Name of a model served by a live worker.")
     frequency_penalty: Penalty = None
-    function_call: FunctionCall = None
-    functions: Functions = None
     logit_bias: LogitBias = None
-    logprobs: ChatLogprobs = None
-    max_completion_tokens: MaxTokens = None
     max_tokens: MaxTokens = None
     n: ChoiceCount = None
     presence_penalty: Penalty = None
-    response_format: ResponseFormat | None = Field(None, description="Only {'type': 'text'} for now.")
     seed: Seed = None
     stop: Stop = None
     stream: bool | None = Field(None, description="Stream chunks as server-sent events.")
     stream_options: StreamOptions | None = Field(None, description="Options for streaming.")
     temperature: Temperature = None
-    tool_choice: ToolChoice = None
-    tools: Tools = None
-    top_logprobs: TopLogprobs = None
     top_p: TopP = None
     user: User = None
     top_k: TopK = None
@@ -121,10 +116,23 @@ class ChatCompletionRequest(_Request):
     ignore_eos: IgnoreEos = None
 
 
-class CompletionRequest(_Request):
+class ChatCompletionRequest(_GenerationRequest):
+    """Body of POST /v1/chat/completions."""
+
+    messages: list[ChatMessageParam] = Field(min_length=1, description="The conversation so far.")
+    function_call: FunctionCall = None
+    functions: Functions = None
+    logprobs: ChatLogprobs = None
+    max_completion_tokens: MaxTokens = None
+    response_format: ResponseFormat | None = Field(None, description="Only {'type': 'text'} for now.")
+    tool_choice: ToolChoice = None
+    tools: Tools = None
+    top_logprobs: TopLogprobs = None
+
+
+class CompletionRequest(_GenerationRequest):
     """Body of POST /v1/completions."""
 
-    model: str = Field(description="Name of a model served by a live worker.")
     prompt: Annotated[
         str | list[int],
         BeforeValidator(normalize_prompt),
@@ -132,29 +140,8 @@ class CompletionRequest(_Request):
     ]
     best_of: BestOf = None
     echo: bool | None = Field(None, description="Prepend the prompt to the completion.")
-    frequency_penalty: Penalty = None
-    logit_bias: LogitBias = None
     logprobs: CompletionLogprobs = None
-    max_tokens: MaxTokens = None
-    n: ChoiceCount = None
-    presence_penalty: Penalty = None
-    seed: Seed = None
-    stop: Stop = None
-    stream: bool | None = Field(None, description="Stream chunks as server-sent events.")
-    stream_options: StreamOptions | None = Field(None, description="Options for streaming.")
     suffix: Suffix = None
-    temperature: Temperature = None
-    top_p: TopP = None
-    user: User = None
-    top_k: TopK = None
-    typical_p: TypicalP = None
-    min_p: MinP = None
-    repetition_penalty: RepetitionPenalty = None
-    length_penalty: LengthPenalty = None
-    no_repeat_ngram_size: NoRepeatNgramSize = None
-    num_beams: NumBeams = None
-    min_tokens: MinTokens = None
-    ignore_eos: IgnoreEos = None
 
 
 # Responses. Field order follows OpenAI's, so serialized objects read like theirs.
