@@ -140,6 +140,9 @@ class WorkerSettings(_Settings):
         131_072, gt=0, description="Padded KV-cache budget (rows x longest row) for admission."
     )
     max_prefill_tokens: int = Field(512, gt=0, description="Prompt tokens prefilled per step (chunked).")
+    torch_threads: int | None = Field(
+        None, gt=0, description="torch intra-op threads; default on CPU: one less than the cores."
+    )
     trust_remote_code: bool = False
     cache_dir: Path = Field(
         default_factory=lambda: Path.home() / ".cache" / "tokenferry", description="Converted-model cache."
