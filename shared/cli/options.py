@@ -79,7 +79,7 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> Flags:
         add("--max-batch-size", type=int, metavar="N", help="sequences decoding together at most"),
         add("--max-batch-tokens", type=int, metavar="N", help="KV-cache budget in tokens (rows x longest)"),
         add("--max-prefill-tokens", type=int, metavar="N", help="prompt tokens prefilled per step"),
-        add("--torch-threads", type=int, metavar="N", help="torch intra-op threads (default on CPU: cores - 1)"),
+        add("--torch-threads", type=int, metavar="N", help="torch threads (default on CPU: cores - 1)"),
         add("--trust-remote-code", action=argparse.BooleanOptionalAction),
         add("--cache-dir", type=Path, help="where converted GGUF models are kept"),
         add("--poll-delay", dest="poll_delay_s", type=float, metavar="S", help="queue poll interval"),
