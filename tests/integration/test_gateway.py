@@ -439,7 +439,7 @@ async def test_client_disconnect_aborts_the_running_job(redis: Redis, redis_url:
         disconnect.set()
 
     async with running_worker(redis_url, stand_in), gateway(redis_url) as (app, _client):
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(20):  # generous: CI shares two cores
             trigger = asyncio.create_task(disconnect_once_generating())
             await call_directly(app, chat_body(stream=stream), disconnect)
             await trigger
