@@ -61,6 +61,8 @@ def resolve_source(model: str) -> ModelSource:
         return ModelSource(str(path.parent), path.name)
     if path.is_dir():
         return ModelSource(str(path))
+    if model.startswith(("/", "./", "../", "~")):
+        raise ModelLoadError(f"{model}: no such model directory or .gguf file")
     return ModelSource(model)  # a hub id; from_pretrained resolves it (or its local cache)
 
 

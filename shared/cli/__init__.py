@@ -89,6 +89,15 @@ def _run_worker(values: dict[str, object]) -> None:
     from shared.settings import WorkerSettings
     from worker.main import run_worker
 
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from worker.model_loading import ModelLoadError
+
     settings = WorkerSettings(**values)  # type: ignore[arg-type]
     configure_logging(settings.log_level, settings.log_format)
-    run_worker(settings)
+    try:
+        run_worker(settings)
+    except RedisConnectionError as error:
+        sys.exit(f"tokenferry worker: cannot reach Redis at {settings.redis_url}: {error}")
+    except ModelLoadError as error:
+        sys.exit(f"tokenferry worker: {error}")
