@@ -70,8 +70,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def _run_gateway(values: dict[str, object]) -> None:
     import uvicorn
-    from gateway.app import create_app
 
+    from gateway.app import create_app
     from shared.settings import GatewaySettings
 
     settings = GatewaySettings(**values)  # type: ignore[arg-type]
@@ -86,11 +86,10 @@ def _run_gateway(values: dict[str, object]) -> None:
 
 
 def _run_worker(values: dict[str, object]) -> None:
-    from shared.settings import WorkerSettings
-    from worker.main import run_worker
-
     from redis.exceptions import ConnectionError as RedisConnectionError
 
+    from shared.settings import WorkerSettings
+    from worker.main import run_worker
     from worker.model_loading import ModelLoadError
 
     settings = WorkerSettings(**values)  # type: ignore[arg-type]

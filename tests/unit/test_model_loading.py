@@ -31,5 +31,5 @@ def test_gguf_file_splits_into_directory_and_file_name(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("model", ["/nonexistent/model", "./missing", "/tmp/absent.gguf"])
 def test_missing_paths_are_clear_errors(model: str) -> None:
-    with pytest.raises(ModelLoadError, match="model directory|does not exist"):
+    with pytest.raises(ModelLoadError, match=r"model directory|does not exist"):
         resolve_source(model)
