@@ -137,7 +137,7 @@ class WorkerSettings(_Settings):
     max_model_len: int | None = Field(None, gt=0, description="Context window; defaults to the model's.")
     max_batch_size: int = Field(32, gt=0, description="Sequences decoding together at most.")
     max_batch_tokens: int = Field(
-        131_072, gt=0, description="Padded KV-cache budget (rows x longest row) for admission."
+        131_072, gt=0, description="KV-cache budget: rows x longest final length (prompt + max_tokens)."
     )
     max_prefill_tokens: int = Field(512, gt=0, description="Prompt tokens prefilled per step (chunked).")
     torch_threads: int | None = Field(

@@ -130,3 +130,18 @@ def test_logit_bias_forces_and_bans_tokens_per_sequence(model: LlamaForCausalLM)
     assert produced["forced"] == [42] * 6
     assert banned_token not in produced["banned"]
     assert produced["plain"] == run_to_end(batched_engine(model), [plain])["plain"]
+
+
+def test_token_budget_counts_final_lengths_and_makes_the_rest_wait(model: LlamaForCausalLM) -> None:
+    # Each request can reach 3 + 5 = 8 positions; a budget of 16 holds two rows, never three.
+    engine = batched_engine(model, max_batch_tokens=16)
+    for rid in ("a", "b", "c"):
+        engine.add(request(rid, [1, 2, 3], max_new_tokens=5))
+    running_at_once = []
+    finished = set()
+    while engine.has_unfinished():
+        updates = engine.step()
+        running_at_once.append(len({u.request_id for u in updates}))
+        finished |= {u.request_id for u in updates if u.is_finished}
+    assert max(running_at_once) == 2
+    assert finished == {"a", "b", "c"}

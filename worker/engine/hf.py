@@ -23,7 +23,7 @@ from shared.protocol import FinishReason
 from worker.engine import EngineRequest, SequenceUpdate
 from worker.engine.kv_cache import PaddedKVCache
 from worker.engine.sampling import build_processors, choose_token, make_generator
-from worker.engine.scheduler import BatchLimits, PrefillChunk, Scheduler
+from worker.engine.scheduler import BatchLimits, PrefillChunk, Scheduler, final_length
 from worker.engine.sequential import run_beam_search
 
 
@@ -93,7 +93,7 @@ class TransformersEngine:
         return updates
 
     def _admit(self) -> list[SequenceUpdate]:
-        lengths = [len(sequence.token_ids) for sequence in (*self._rows, *self._prefilling.values())]
+        lengths = [final_length(sequence.request) for sequence in (*self._rows, *self._prefilling.values())]
         updates: list[SequenceUpdate] = []
         for request in self._scheduler.admit(lengths):
             if request.sampling.num_beams > 1:

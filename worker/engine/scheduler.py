@@ -1,11 +1,14 @@
 """Owns admission and prefill planning for the batched engine: pure bookkeeping, no torch.
 
 Admission is FIFO and limited twice: by ``max_batch_size`` rows and by
-``max_batch_tokens``, the padded cache size (rows x longest row) the batch may
-reach with the newcomer's prompt. The head of the queue is never skipped (no
-starvation), and a lone request is always admitted even when it alone exceeds
-the token budget, so nothing waits forever. Requests that do not fit wait in the
-queue; they never fail.
+``max_batch_tokens``, the padded cache size (rows x longest row) the batch can
+reach. Each row is counted at its final length (prompt plus max new tokens), as
+TGI's router does, so the cache never outgrows the budget and nothing needs to
+be preempted; the price is that requests without ``max_tokens`` (which default
+to the rest of the context window) reserve a lot. The head of the queue is never
+skipped (no starvation), and a lone request is always admitted even when it
+alone exceeds the budget, so nothing waits forever. Requests that do not fit
+wait in the queue; they never fail.
 
 Prefill is chunked: each step spends at most ``max_prefill_tokens`` on prompts,
 so a long prompt delays the decoding batch by one chunk per step, not by its
@@ -39,6 +42,11 @@ class PrefillChunk:
         return self.stop == self.prompt_length
 
 
+def final_length(request: EngineRequest) -> int:
+    """The most cache positions a request can occupy."""
+    return len(request.prompt_token_ids) + request.max_new_tokens
+
+
 class Scheduler:
     """Waiting queue plus the rules for who joins the batch and how much prefill runs per step."""
 
@@ -55,22 +63,22 @@ class Scheduler:
         self.waiting = deque(request for request in self.waiting if request.request_id != request_id)
         return len(self.waiting) != before
 
-    def admit(self, row_lengths: list[int]) -> list[EngineRequest]:
-        """Pop the waiting requests that fit beside rows of the given current lengths."""
+    def admit(self, final_lengths: list[int]) -> list[EngineRequest]:
+        """Pop the waiting requests that fit beside rows that will reach ``final_lengths``."""
         admitted: list[EngineRequest] = []
-        lengths = list(row_lengths)
-        while self.waiting and self._fits(lengths, len(self.waiting[0].prompt_token_ids)):
+        lengths = list(final_lengths)
+        while self.waiting and self._fits(lengths, final_length(self.waiting[0])):
             request = self.waiting.popleft()
             admitted.append(request)
-            lengths.append(len(request.prompt_token_ids))
+            lengths.append(final_length(request))
         return admitted
 
-    def _fits(self, lengths: list[int], prompt_length: int) -> bool:
+    def _fits(self, lengths: list[int], length: int) -> bool:
         if not lengths:
             return True
         if len(lengths) >= self.limits.max_batch_size:
             return False
-        padded = (len(lengths) + 1) * max(max(lengths), prompt_length)
+        padded = (len(lengths) + 1) * max(*lengths, length)
         return padded <= self.limits.max_batch_tokens
 
     def plan_prefill(self, progress: list[tuple[str, int, int]]) -> list[PrefillChunk]:
