@@ -78,6 +78,9 @@ def run_references(options: BenchOptions, results: Results) -> None:
         note(f"static batch of {concurrency}")
         measured = references.static_batch(loaded, prompts[:concurrency], tokens, cap)
         results.static[concurrency] = emit("reference_static_batch", {"concurrency": concurrency, **measured})
+        note(f"tokenferry engine in-process, {concurrency} requests")
+        measured = references.engine(loaded, prompts[:concurrency], tokens)
+        results.engine[concurrency] = emit("reference_engine", {"concurrency": concurrency, **measured})
     if options.skip_continuous_batching:
         return
     for concurrency in options.concurrency:

@@ -9,6 +9,9 @@ Three baselines frame the gateway's numbers:
   no HTTP, Redis, scheduling or detokenization cost.
 - ``continuous_batching``: transformers' own ``model.generate_batch`` (paged KV
   cache, its own scheduler) on the same C prompts; a failure is reported, not raised.
+- ``engine``: tokenferry's own batched engine (``worker.engine.hf``) stepped in
+  this process on the same C prompts: its efficiency against the static batch,
+  apart from what HTTP, Redis and a shared machine cost the served numbers.
 
 All decode greedily and exactly ``output_tokens`` tokens: ``min_new_tokens``
 suppresses EOS for ``generate``, and ``generate_batch`` gets ``eos_token_id=None``,
@@ -154,4 +157,27 @@ def continuous_batching(loaded: LoadedModel, prompts: Sequence[list[int]], new_t
         "output_tokens_per_s": round(tokens / wall, 2) if tokens else None,
         "short_sequences": sum(len(output.generated_tokens) < new_tokens for output in outputs),
         "error": problem if failures or missing else None,
+    }
+
+
+def engine(loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int) -> dict[str, Any]:
+    """tokenferry's batched engine, no server: all prompts added at once, stepped to the end."""
+    from worker.engine import EngineRequest, SamplingParams
+    from worker.engine.hf import TransformersEngine
+    from worker.engine.scheduler import BatchLimits
+
+    batched = TransformersEngine(loaded.model, BatchLimits(max_batch_size=len(prompts)))
+    for index, prompt in enumerate(prompts):
+        # An empty EOS set forces the full length, like the other references.
+        batched.add(EngineRequest(f"r{index}", tuple(prompt), SamplingParams(), new_tokens, frozenset()))
+    started = time.perf_counter()
+    tokens = 0
+    while batched.has_unfinished():
+        tokens += sum(len(update.new_token_ids) for update in batched.step())
+    wall = time.perf_counter() - started
+    return {
+        "batch_size": len(prompts),
+        "output_tokens": tokens,
+        "wall_s": round(wall, 3),
+        "output_tokens_per_s": round(tokens / wall, 2),
     }

@@ -26,6 +26,7 @@ class Results:
     naive: dict[str, Any] | None = None
     static: dict[int, dict[str, Any]] = field(default_factory=dict)
     continuous: dict[int, dict[str, Any]] = field(default_factory=dict)
+    engine: dict[int, dict[str, Any]] = field(default_factory=dict)
     gateway: dict[int, dict[str, Any]] = field(default_factory=dict)
 
 
@@ -101,17 +102,19 @@ def _gateway_table(results: Results) -> list[str]:
 
 
 def _reference_table(results: Results) -> list[str]:
-    header = ["C", "static tok/s", "generate_batch tok/s", "note"]
-    widths = [5, 12, 20, 0]
-    lines = [_row(header[:3], widths[:3]) + " note"]
+    header = ["C", "static tok/s", "generate_batch tok/s", "engine tok/s", "engine x static"]
+    widths = [5, 12, 20, 12, 15]
+    lines = [_row(header, widths) + " note"]
     for concurrency in sorted(set(results.static) | set(results.continuous)):
         static = results.static.get(concurrency, {})
         continuous = results.continuous.get(concurrency, {})
+        engine_rate = results.engine.get(concurrency, {}).get("output_tokens_per_s")
         remark = continuous.get("error") or continuous.get("skipped") or ""
         if static.get("partial"):
             remark = f"static capped by --max-seconds-per-level. {remark}"
-        row = [concurrency, static.get("output_tokens_per_s"), continuous.get("output_tokens_per_s")]
-        lines.append(_row(row, widths[:3]) + f" {remark[:80]}")
+        static_rate = static.get("output_tokens_per_s")
+        row = [concurrency, static_rate, continuous.get("output_tokens_per_s"), engine_rate]
+        lines.append(_row([*row, _ratio(engine_rate, static_rate)], widths) + f" {remark[:80]}")
     return lines
 
 

@@ -120,6 +120,7 @@ class TransformersEngine:
             position_ids=positions,
             past_key_values=self._kv.cache,
             use_cache=True,
+            logits_to_keep=1,  # only the last position is sampled; skip the rest of the LM head
         )
         return self._sample_rows(self._rows, output.logits[:, -1, :])
 
@@ -157,6 +158,7 @@ class TransformersEngine:
             position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0),
             past_key_values=cache,
             use_cache=True,
+            logits_to_keep=1,  # only the last position is sampled; skip the rest of the LM head
         )
         for sequence in sequences:
             sequence.prefilled = len(sequence.request.prompt_token_ids)
@@ -173,6 +175,7 @@ class TransformersEngine:
             position_ids=torch.arange(chunk.start, chunk.stop, device=self._device).unsqueeze(0),
             past_key_values=sequence.prefill_cache,
             use_cache=True,
+            logits_to_keep=1,  # only the last position is sampled; skip the rest of the LM head
         )
         sequence.prefilled = chunk.stop
         if not chunk.is_last:

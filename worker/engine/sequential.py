@@ -121,7 +121,9 @@ class SequentialEngine:
         if sequence.cache is None:
             sequence.cache = self._new_cache(sequence.request)
         input_ids = torch.tensor([sequence.pending], device=self._device)
-        output = self._model(input_ids=input_ids, past_key_values=sequence.cache, use_cache=True)
+        output = self._model(
+            input_ids=input_ids, past_key_values=sequence.cache, use_cache=True, logits_to_keep=1
+        )
         return output.logits[:, -1, :]  # type: ignore[no-any-return]
 
     def _new_cache(self, request: EngineRequest) -> Cache:
