@@ -170,10 +170,9 @@ async def _startup(ctx: WorkerContext) -> None:
         started_at=time.time(),
     )
     await registry.heartbeat(redis, info)
-    tasks = [
-        asyncio.create_task(driver.serve(), name="engine-driver"),
-        asyncio.create_task(_heartbeat_forever(redis, info, settings.heartbeat_interval_s), name="heartbeat"),
-    ]
+    driver_task = asyncio.create_task(driver.serve(), name="engine-driver")
+    heartbeat = _heartbeat_while_alive(redis, info, settings.heartbeat_interval_s, driver_task)
+    tasks = [driver_task, asyncio.create_task(heartbeat, name="heartbeat")]
     ctx["driver"] = driver
     ctx["writer"] = writer
     ctx["runtime"] = Runtime(redis, driver, info, tasks)
@@ -196,13 +195,20 @@ async def _shutdown(ctx: WorkerContext) -> None:
     logger.info("worker %s stopped", runtime.info.worker_id)
 
 
-async def _heartbeat_forever(redis: Redis, info: registry.WorkerInfo, interval_s: float) -> None:
-    while True:
+async def _heartbeat_while_alive(
+    redis: Redis, info: registry.WorkerInfo, interval_s: float, driver_task: asyncio.Task[None]
+) -> None:
+    """Heartbeat only while the engine loop runs: a worker that cannot generate must not look live."""
+    while not driver_task.done():
         await asyncio.sleep(interval_s)
         try:
             await registry.heartbeat(redis, info)
         except RedisError as error:
             logger.warning("heartbeat failed: %s", error)
+    if not driver_task.cancelled() and driver_task.exception() is not None:
+        logger.critical("the engine loop died; deregistering", exc_info=driver_task.exception())
+    with contextlib.suppress(RedisError):
+        await registry.deregister(redis, info.worker_id)
 
 
 def run_worker(settings: WorkerSettings) -> None:
