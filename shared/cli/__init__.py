@@ -90,7 +90,7 @@ def _run_worker(values: dict[str, object]) -> None:
 
     from shared.settings import WorkerSettings
     from worker.main import run_worker
-    from worker.model_loading import ModelLoadError
+    from worker.model_source import ModelLoadError
 
     settings = WorkerSettings(**values)  # type: ignore[arg-type]
     configure_logging(settings.log_level, settings.log_format)

@@ -32,13 +32,15 @@ def _spawn(*argv: str) -> subprocess.Popen[bytes]:
     )
 
 
-def _wait_for_model(base_url: str, processes: list[subprocess.Popen[bytes]]) -> None:
+def _wait_for_model(base_url: str, processes: list[subprocess.Popen[bytes]], model: str = FAKE_MODEL) -> None:
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
         for process in processes:
             assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
         try:
-            if httpx.get(f"{base_url}/v1/models", timeout=2).json()["data"]:
+            # Other tests' workers may share this Redis: wait for ours by name.
+            served = httpx.get(f"{base_url}/v1/models", timeout=2).json()["data"]
+            if any(entry["id"] == model for entry in served):
                 return
         except (httpx.HTTPError, ValueError, KeyError):
             pass
