@@ -56,10 +56,6 @@ class EngineDriver:
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
-    @property
-    def active_count(self) -> int:
-        return len(self._active)
-
     async def run(self, job: GenerationJob) -> None:
         """Admit ``job``, stream its events, return when its terminal event is stored."""
         try:
