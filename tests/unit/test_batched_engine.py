@@ -145,3 +145,30 @@ def test_token_budget_counts_final_lengths_and_makes_the_rest_wait(model: LlamaF
         finished |= {u.request_id for u in updates if u.is_finished}
     assert max(running_at_once) == 2
     assert finished == {"a", "b", "c"}
+
+
+PER_SEQUENCE_SETTINGS: dict[str, dict[str, object]] = {
+    "repetition": {"repetition_penalty": 1.8},
+    "presence_frequency": {"presence_penalty": 1.5, "frequency_penalty": 1.0},
+    "no_repeat_ngram": {"no_repeat_ngram_size": 2},
+    "top_k": {"temperature": 0.8, "top_k": 5, "seed": 3},
+    "top_p": {"temperature": 1.2, "top_p": 0.5, "seed": 4},
+    "typical_p": {"temperature": 1.0, "typical_p": 0.6, "seed": 5},
+    "min_p": {"temperature": 1.0, "min_p": 0.2, "seed": 6},
+    "min_tokens": {"min_new_tokens": 10},
+}
+
+
+def test_every_sequence_keeps_its_own_parameters_inside_one_batch(model: LlamaForCausalLM) -> None:
+    requests = [
+        request(name, PROMPTS["b"], max_new_tokens=10, eos=[3], **settings)  # type: ignore[arg-type]
+        for name, settings in PER_SEQUENCE_SETTINGS.items()
+    ]
+    alone = {r.request_id: run_to_end(batched_engine(model), [r])[r.request_id] for r in requests}
+    together = run_to_end(batched_engine(model), [*requests, request("greedy", PROMPTS["a"])])
+    assert {name: together[name] for name in alone} == alone
+    # The parameters really act: the sampled sequences leave plain greedy's path on the same prompt.
+    plain = run_to_end(batched_engine(model), [request("plain", PROMPTS["b"], max_new_tokens=10, eos=[3])])[
+        "plain"
+    ]
+    assert all(together[name] != plain for name in ("top_k", "top_p", "typical_p", "min_p"))
