@@ -122,14 +122,7 @@ def static_batch(
     """All prompts in one left-padded ``generate`` call."""
     started = time.perf_counter()
     tokens = _generate(loaded, prompts, new_tokens, max_time)
-    wall = time.perf_counter() - started
-    return {
-        "batch_size": len(prompts),
-        "output_tokens": tokens,
-        "wall_s": round(wall, 3),
-        "output_tokens_per_s": round(tokens / wall, 2),
-        "partial": tokens < new_tokens * len(prompts),
-    }
+    return {**_rate(len(prompts), tokens, started), "partial": tokens < new_tokens * len(prompts)}
 
 
 def continuous_batching(loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int) -> dict[str, Any]:
@@ -174,9 +167,14 @@ def engine(loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int) -
     tokens = 0
     while batched.has_unfinished():
         tokens += sum(len(update.new_token_ids) for update in batched.step())
+    return _rate(len(prompts), tokens, started)
+
+
+def _rate(batch_size: int, tokens: int, started: float) -> dict[str, Any]:
+    """The throughput fields every batched reference reports, timed from ``started``."""
     wall = time.perf_counter() - started
     return {
-        "batch_size": len(prompts),
+        "batch_size": batch_size,
         "output_tokens": tokens,
         "wall_s": round(wall, 3),
         "output_tokens_per_s": round(tokens / wall, 2),

@@ -6,15 +6,14 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 
-import httpx
 import openai
 import pytest
 
 from shared.redis_server import EmbeddedRedis, free_port
 from shared.settings import BUNDLED_MODEL
+from tests.processes import stop_all, wait_for_model
 
 READY_TIMEOUT_S = 600.0  # a fresh machine converts the bundled GGUF first (~35 s on 2 cores)
 
@@ -39,30 +38,10 @@ def gateway_url(redis_server: EmbeddedRedis) -> Iterator[str]:
     ]
     base_url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(base_url, processes, logs)
+        wait_for_model(base_url, processes, BUNDLED_MODEL, READY_TIMEOUT_S)
         yield base_url
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-
-
-def _wait_ready(base_url: str, processes: list[subprocess.Popen[bytes]], logs: str) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if any(process.poll() is not None for process in processes):
-            raise AssertionError(f"a process exited during start-up; logs in {logs}")
-        try:
-            if httpx.get(f"{base_url}/v1/models", timeout=5).json()["data"]:
-                return
-        except (httpx.HTTPError, ValueError, KeyError):
-            pass
-        time.sleep(0.5)
-    raise AssertionError(f"not ready after {READY_TIMEOUT_S} s; logs in {logs}")
+        stop_all(processes)
 
 
 @pytest.fixture

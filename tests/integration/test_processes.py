@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 
 import httpx
@@ -19,6 +18,7 @@ from redis.asyncio import Redis
 from shared import keys
 from shared.redis_server import free_port
 from tests.helpers import FAKE_MODEL, chat_body
+from tests.processes import stop_all, wait_for_model
 
 START_TIMEOUT_S = 60.0
 
@@ -32,33 +32,6 @@ def _spawn(*argv: str) -> subprocess.Popen[bytes]:
     )
 
 
-def _wait_for_model(base_url: str, processes: list[subprocess.Popen[bytes]], model: str = FAKE_MODEL) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while time.monotonic() < deadline:
-        for process in processes:
-            assert process.poll() is None, process.stdout.read().decode() if process.stdout else ""
-        try:
-            # Other tests' workers may share this Redis: wait for ours by name.
-            served = httpx.get(f"{base_url}/v1/models", timeout=2).json()["data"]
-            if any(entry["id"] == model for entry in served):
-                return
-        except (httpx.HTTPError, ValueError, KeyError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError("the stack did not become ready")
-
-
-def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.terminate()
-    for process in processes:
-        try:
-            process.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-
-
 @pytest.fixture
 def slow_stack(redis_url: str, redis: Redis) -> Iterator[str]:
     """A gateway and a fake-engine worker whose steps take 20 ms, as separate processes."""
@@ -69,10 +42,10 @@ def slow_stack(redis_url: str, redis: Redis) -> Iterator[str]:
     ]
     base_url = f"http://127.0.0.1:{port}"
     try:
-        _wait_for_model(base_url, processes)
+        wait_for_model(base_url, processes, FAKE_MODEL, START_TIMEOUT_S)
         yield base_url
     finally:
-        _stop(processes)
+        stop_all(processes)
 
 
 @pytest.fixture(autouse=True)

@@ -139,18 +139,10 @@ class TransformersEngine:
 
     def _prefill_together(self, sequences: list[_Sequence]) -> list[SequenceUpdate]:
         """One left-padded forward over whole prompts; the group then joins the batch at once."""
-        length = max(len(s.request.prompt_token_ids) for s in sequences)
-        rows = [
-            [0] * (length - len(s.request.prompt_token_ids)) + list(s.request.prompt_token_ids)
-            for s in sequences
-        ]
-        mask = torch.tensor(
-            [
-                [0] * (length - len(s.request.prompt_token_ids)) + [1] * len(s.request.prompt_token_ids)
-                for s in sequences
-            ],
-            device=self._device,
-        )
+        prompts = [s.request.prompt_token_ids for s in sequences]
+        length = max(len(prompt) for prompt in prompts)
+        rows = [[0] * (length - len(prompt)) + list(prompt) for prompt in prompts]
+        mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in prompts], device=self._device)
         cache = DynamicCache(config=self._model.config)
         output = self._model(
             input_ids=torch.tensor(rows, device=self._device),
