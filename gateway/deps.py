@@ -14,9 +14,12 @@ from typing import Annotated, TypedDict
 from arq.connections import ArqRedis
 from fastapi import Depends, Request
 
+from gateway.auth import Authenticator, Principal
 from gateway.dispatch import Dispatcher
+from gateway.ratelimits import RateLimiter
 from gateway.request_ids import request_id_of
-from shared.errors import UnsupportedMediaType
+from gateway.unicode_text import check_unicode_text
+from shared.errors import PermissionDenied, UnsupportedMediaType
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +28,11 @@ class GatewayState:
 
     pool: ArqRedis
     dispatcher: Dispatcher
+    authenticator: Authenticator
+    rate_limiter: RateLimiter
+    max_tokens_limit: int | None = None
+    max_choices: int = 16  # the operator's max_n
+    drain_grace_s: float = 30.0  # how long open streams may run on once the server stops
 
 
 class LifespanState(TypedDict):
@@ -53,16 +61,35 @@ def get_request_id(request: Request) -> str:
     return request_id
 
 
-def require_json(request: Request) -> None:
-    """Refuse bodies that are not declared as JSON (415), before they are validated as such."""
+async def get_principal(request: Request) -> Principal:
+    """The authenticated caller (401 when keys are configured and this one is not valid)."""
+    return await get_state(request).authenticator.authenticate(request.headers.get("authorization"))
+
+
+async def guard_request(request: Request, principal: Annotated[Principal, Depends(get_principal)]) -> None:
+    """Every guarded route: authenticate, then take one unit of the caller's requests-per-minute."""
+    await get_state(request).rate_limiter.charge_request(principal, request.scope.setdefault("state", {}))
+
+
+async def get_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+    if not principal.is_admin:
+        raise PermissionDenied("This endpoint needs an admin API key.")
+    return principal
+
+
+async def require_json(request: Request) -> None:
+    """Refuse bodies not declared as JSON (415) or holding text UTF-8 cannot carry (400)."""
     media_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if media_type != "application/json" and not media_type.endswith("+json"):
         raise UnsupportedMediaType(
             f"Content-Type must be application/json, not {media_type or 'missing'}.", param="content-type"
         )
+    check_unicode_text(await request.body())  # already read (and cached) by FastAPI
 
 
 PoolDep = Annotated[ArqRedis, Depends(get_pool)]
 DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
 RequestIdDep = Annotated[str, Depends(get_request_id)]
+PrincipalDep = Annotated[Principal, Depends(get_principal)]
+AdminDep = Annotated[Principal, Depends(get_admin)]
 JsonBody = Depends(require_json)

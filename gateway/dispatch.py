@@ -31,9 +31,18 @@ from redis.exceptions import RedisError
 from starlette.types import Receive
 
 from gateway.errors import unknown_model
+from gateway.metrics import note_event, note_model
+from gateway.shutdown import server_is_stopping
 from shared import jobqueue, registry
-from shared.errors import NoLiveWorker, TokenferryError, WorkerFailed, error_from_info
-from shared.protocol import TERMINAL_EVENT_TYPES, Accepted, Failed, Finished, GenerationJob, TokenEvent
+from shared.errors import NoLiveWorker, Overloaded, TokenferryError, WorkerFailed, error_from_info
+from shared.protocol import (
+    TERMINAL_EVENT_TYPES,
+    Accepted,
+    Failed,
+    Finished,
+    GenerationJob,
+    TokenEvent,
+)
 from shared.streams import EventReader, StreamEvent
 
 logger = logging.getLogger(__name__)
@@ -64,9 +73,10 @@ class Admission:
 class Dispatcher:
     """Runs jobs for request handlers; one per gateway process, built by the lifespan."""
 
-    def __init__(self, pool: ArqRedis, timeout_s: float) -> None:
+    def __init__(self, pool: ArqRedis, timeout_s: float, max_queued: int = 256) -> None:
         self._pool = pool
         self._timeout_s = timeout_s
+        self._max_queued = max_queued
         self._reader = EventReader(pool)
 
     async def start(self, job: GenerationJob, receive: Receive) -> Admission:
@@ -77,21 +87,52 @@ class Dispatcher:
         """Admit ``job`` and collect all its events (Accepted ... Finished), watching the client."""
         return await unless_disconnected(self._admit_and_collect(job), receive)
 
+    async def admit(self, job: GenerationJob) -> Admission:
+        """Admit ``job`` without watching the client: for callers running several jobs (``fanout.py``)."""
+        return await self._admit(job)
+
+    async def collect(self, job: GenerationJob) -> list[TokenEvent]:
+        """Admit ``job`` and collect all its events, without watching the client (``fanout.py``)."""
+        return await self._admit_and_collect(job)
+
     async def relay(self, admission: Admission) -> AsyncGenerator[StreamEvent, None]:
         """The events after Accepted through Finished; Failed is raised; leaving early aborts."""
-        request_id = admission.job.request_id
+        follow = self._follow(
+            admission.job.request_id, admission.accepted.entry_id, admission.deadline, admission.enqueued_at
+        )
+        async with aclosing(follow) as events:
+            async for item in events:
+                yield item
+
+    async def follow(self, request_id: str, after_id: str) -> AsyncGenerator[StreamEvent, None]:
+        """A running request's events after ``after_id`` (a resumed SSE stream); leaving early aborts."""
+        now = time.monotonic()
+        async with aclosing(self._follow(request_id, after_id, now + self._timeout_s, now)) as events:
+            async for item in events:
+                yield item
+
+    async def history(self, request_id: str) -> list[StreamEvent]:
+        return await self._reader.history(request_id)
+
+    async def _follow(
+        self, request_id: str, after_id: str, deadline: float, started_at: float
+    ) -> AsyncGenerator[StreamEvent, None]:
         is_over = False
         try:
-            reads = self._reader.read(
-                request_id, deadline=admission.deadline, after_id=admission.accepted.entry_id
-            )
+            reads = self._reader.read(request_id, deadline=deadline, after_id=after_id)
             async with aclosing(reads) as events:
                 async for item in events:
                     is_over = item.event.type in TERMINAL_EVENT_TYPES
-                    _note_terminal(admission, item.event)
+                    note_event(item.event)
+                    _note_terminal(started_at, item.event)
                     yield item
         except BaseException as exc:  # GeneratorExit and CancelledError included: the client left
-            if not is_over:
+            if is_over:
+                raise
+            if server_is_stopping():
+                # Our drain ran out, not the client: it may resume elsewhere with Last-Event-ID.
+                logger.info("left running for a resume on another gateway")
+            else:
                 await self.abort(request_id, reason=type(exc).__name__)
             raise
 
@@ -113,8 +154,12 @@ class Dispatcher:
 
     async def _admit(self, job: GenerationJob) -> Admission:
         await self._require_live(job.model)
+        note_model(job.model)
+        await self._require_queue_room(job.model)
         enqueued_at = time.monotonic()
         deadline = enqueued_at + self._timeout_s
+        # Workers get the deadline too: a job that waited past it is answered, not started.
+        job = job.model_copy(update={"deadline_at": time.time() + self._timeout_s})
         first = await self._enqueue_and_wait(job, deadline)
         if isinstance(first.event, Failed):
             _log_failed(first.event)
@@ -137,6 +182,14 @@ class Dispatcher:
         if availability is registry.ModelAvailability.KNOWN:
             raise NoLiveWorker(
                 f"No worker is serving the model `{model}` right now; retry shortly.", param="model"
+            )
+
+    async def _require_queue_room(self, model: str) -> None:
+        waiting = await jobqueue.waiting_jobs(self._pool, model)
+        if waiting >= self._max_queued:
+            raise Overloaded(
+                f"The model `{model}` has {waiting} requests waiting already; retry shortly.",
+                retry_after_s=1,
             )
 
     async def _enqueue_and_wait(self, job: GenerationJob, deadline: float) -> StreamEvent:
@@ -178,7 +231,7 @@ async def _wait_for_disconnect(receive: Receive) -> None:
         pass  # a stray body message; the request body was already read
 
 
-def _note_terminal(admission: Admission, event: TokenEvent) -> None:
+def _note_terminal(started_at: float, event: TokenEvent) -> None:
     """Log a terminal event; raise a Failed one as its domain error."""
     if isinstance(event, Failed):
         _log_failed(event)
@@ -189,7 +242,7 @@ def _note_terminal(admission: Admission, event: TokenEvent) -> None:
             event.finish_reason,
             event.usage.prompt_tokens,
             event.usage.completion_tokens,
-            time.monotonic() - admission.enqueued_at,
+            time.monotonic() - started_at,
         )
 
 

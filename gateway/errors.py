@@ -129,6 +129,11 @@ def _describe(error: Mapping[str, Any], param: str | None) -> str:
 
 
 def _http_error(exc: StarletteHTTPException, request: Request | None) -> TokenferryError:
+    if isinstance(exc.__cause__, UnicodeDecodeError):
+        # FastAPI's body parser says only "There was an error parsing the body".
+        return InvalidRequest(
+            f"The request body is not valid UTF-8 ({exc.__cause__.reason} at byte {exc.__cause__.start})."
+        )
     if exc.status_code == 404 and request is not None:
         message = f"Invalid URL ({request.method} {request.url.path})"
     elif exc.status_code == 405 and request is not None:

@@ -24,6 +24,12 @@ _T = TypeVar("_T")
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
 _TOOL_ROLES = frozenset({"tool", "function"})
 MAX_STOP_SEQUENCES = 4
+# Prompts one /v1/completions request may list; each runs as its own job.
+MAX_PROMPTS = 64
+# The schema's bound on n; the operator's (smaller) ``max_n`` is checked per request.
+MAX_CHOICES = 128
+# OpenAI's bound on top_logprobs (and vLLM's on completions' logprobs).
+MAX_TOP_LOGPROBS = 20
 
 
 def validate_role(role: str) -> str:
@@ -74,22 +80,30 @@ def _check_part(part: Any) -> None:
 
 
 def normalize_prompt(prompt: Any) -> Any:
-    """Reduce the four OpenAI prompt forms to a string or a list of token ids."""
-    if isinstance(prompt, str) or not isinstance(prompt, list):
-        return prompt  # non-lists are left to the declared type to accept or refuse
+    """Reduce the four OpenAI prompt forms to a list of prompts, each a string or a list of token ids."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not isinstance(prompt, list):
+        return prompt  # non-lists are left to the declared type to refuse
     if not prompt:
         raise PydanticCustomError("invalid_prompt", "The prompt must not be an empty list.")
     if all(_is_int(value) for value in prompt):
-        return _checked_token_ids(prompt)
-    if len(prompt) > 1 and all(isinstance(value, str | list) for value in prompt):
-        raise PydanticCustomError("not_supported", "One prompt per request for now.")
-    single = prompt[0]
-    if len(prompt) == 1 and isinstance(single, str):
-        return single
-    if len(prompt) == 1 and isinstance(single, list) and single and all(_is_int(value) for value in single):
-        return _checked_token_ids(single)
+        return [_checked_token_ids(prompt)]
+    if len(prompt) > MAX_PROMPTS:
+        raise PydanticCustomError(
+            "too_many_prompts", "At most {most} prompts per request.", {"most": MAX_PROMPTS}
+        )
+    return [_single_prompt(value) for value in prompt]
+
+
+def _single_prompt(value: Any) -> str | list[int]:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(_is_int(token) for token in value):
+        return _checked_token_ids(value)
     raise PydanticCustomError(
-        "invalid_prompt", "The prompt must be a string, a list of token ids, or a list holding one of these."
+        "invalid_prompt",
+        "The prompt must be a string, a list of strings, a list of token ids or a list of token-id lists.",
     )
 
 
@@ -133,10 +147,6 @@ def _is_not_none(value: Any) -> bool:
     return value is not None
 
 
-def _is_more_than_one(value: Any) -> bool:
-    return value is not None and value > 1
-
-
 def _is_a_tool_choice(value: Any) -> bool:
     return value is not None and value != "none"
 
@@ -176,13 +186,15 @@ IgnoreEos = Annotated[bool | None, Field(description="Keep generating past the e
 _NOT_YET = "Not supported yet."
 ChoiceCount = Annotated[
     int | None,
-    Field(ge=1, description="Number of choices; only 1 is supported for now."),
-    refuse_when(_is_more_than_one, "Only one choice per request (n=1) is supported for now."),
+    Field(
+        ge=1,
+        le=MAX_CHOICES,
+        description="Choices to generate (for each prompt); at most the server's max_n (default 16).",
+    ),
 ]
 BestOf = Annotated[
     int | None,
-    Field(ge=1, description="Candidates to rank; only 1 is supported for now."),
-    refuse_when(_is_more_than_one, "best_of greater than 1 is not supported yet."),
+    Field(ge=1, description="Accepted only equal to n (every candidate is returned; none is ranked away)."),
 ]
 MAX_LOGIT_BIAS_ENTRIES = 1024
 
@@ -225,14 +237,27 @@ MessageToolCalls = Annotated[
     refuse_when(_is_truthy, "Tool calls in messages are not supported yet."),
 ]
 ChatLogprobs = Annotated[
-    bool | None, Field(description=_NOT_YET), refuse_when(_is_truthy, "logprobs is not supported yet.")
+    bool | None,
+    Field(description="Return the log probability of each generated token (raw model distribution)."),
 ]
 TopLogprobs = Annotated[
-    int | None, Field(description=_NOT_YET), refuse_when(_is_truthy, "top_logprobs is not supported yet.")
+    int | None,
+    Field(
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="Also return this many most likely tokens at each position (needs logprobs: true).",
+    ),
 ]
 CompletionLogprobs = Annotated[
-    int | None, Field(description=_NOT_YET), refuse_when(_is_not_none, "logprobs is not supported yet.")
+    int | None,
+    Field(
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="Return each token's log probability and this many most likely alternatives.",
+    ),
 ]
 Suffix = Annotated[
-    str | None, Field(description=_NOT_YET), refuse_when(_is_not_none, "suffix is not supported yet.")
+    str | None,
+    Field(description="Not supported (no fill-in-the-middle): refused when given."),
+    refuse_when(_is_not_none, "suffix is not supported (this server does no fill-in-the-middle)."),
 ]

@@ -130,16 +130,25 @@ class ChatCompletionRequest(_GenerationRequest):
     top_logprobs: TopLogprobs = None
 
 
+# The four prompt forms OpenAI accepts (documented), normalised to a list of prompts (validated).
+PromptInput = str | list[str] | list[int] | list[list[int]]
+
+
 class CompletionRequest(_GenerationRequest):
     """Body of POST /v1/completions."""
 
     prompt: Annotated[
-        str | list[int],
-        BeforeValidator(normalize_prompt),
-        Field(description="A string, a list of one string, token ids, or a list of one token-id list."),
+        list[str | list[int]],
+        BeforeValidator(normalize_prompt, json_schema_input_type=PromptInput),
+        Field(
+            description="A string, a list of strings, token ids, or a list of token-id lists; "
+            "each prompt gets n choices, indexed prompt_index * n + i."
+        ),
     ]
     best_of: BestOf = None
-    echo: bool | None = Field(None, description="Prepend the prompt to the completion.")
+    echo: bool | None = Field(
+        None, description="Prepend the prompt to the completion (with logprobs: the prompt's logprobs too)."
+    )
     logprobs: CompletionLogprobs = None
     suffix: Suffix = None
 
@@ -155,6 +164,35 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = Field(description="The token's UTF-8 bytes.")
+
+
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = Field(description="The token's UTF-8 bytes.")
+    top_logprobs: list[TopLogprob] = Field(description="The most likely tokens at this position.")
+
+
+class ChoiceLogprobs(BaseModel):
+    """Chat logprobs: one entry per generated token."""
+
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None
+
+
+class CompletionChoiceLogprobs(BaseModel):
+    """Legacy completions logprobs: parallel lists, one entry per token (prompt tokens first with echo)."""
+
+    text_offset: list[int] = Field(description="Where each token's text starts in the choice's text.")
+    token_logprobs: list[float | None] = Field(description="Null for the prompt's first token.")
+    tokens: list[str]
+    top_logprobs: list[dict[str, float] | None] = Field(description="Most likely tokens at each position.")
+
+
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str
@@ -163,7 +201,7 @@ class AssistantMessage(BaseModel):
 class ChatChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: FinishReasonName
 
 
@@ -185,7 +223,7 @@ class ChatDelta(BaseModel):
 class ChatChunkChoice(BaseModel):
     index: int = 0
     delta: ChatDelta
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
     finish_reason: FinishReasonName | None = None
 
 
@@ -202,7 +240,7 @@ class ChatCompletionChunk(BaseModel):
 class CompletionChoice(BaseModel):
     text: str
     index: int = 0
-    logprobs: None = None
+    logprobs: CompletionChoiceLogprobs | None = None
     finish_reason: FinishReasonName | None = None
 
 

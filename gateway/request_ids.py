@@ -7,17 +7,22 @@ and never taken from the client's own ``x-request-id``.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import MutableMapping
 from typing import Any
-from uuid import uuid4
 
 REQUEST_ID_HEADER = "x-request-id"
 # Kept in the scope's "state" mapping, so handlers also reach it as request.state.request_id.
 _STATE_KEY = "request_id"
 
 
+# 128 random bits: the id is also what a client names to resume its stream, so it must be
+# unguessable (uuid4 has only 122); ownership checks (gateway/tenancy.py) are the second line.
+REQUEST_ID_BYTES = 16
+
+
 def new_request_id() -> str:
-    return uuid4().hex
+    return secrets.token_hex(REQUEST_ID_BYTES)
 
 
 def remember(scope: MutableMapping[str, Any], request_id: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 
+import anyio
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -30,28 +31,40 @@ SEPARATOR = "\n"
 KEEPALIVE_S = 15.0
 # A reader that takes no bytes for this long is treated as gone (and its job aborted).
 SEND_TIMEOUT_S = 30.0
+# The default of GatewaySettings.drain_grace_s, for callers without settings at hand.
+DRAIN_GRACE_S = 30.0
 
 ChunkMaker = Callable[[TokenEvent], Sequence[BaseModel]]
 
 
 def event_stream(
-    first: StreamEvent, rest: AsyncGenerator[StreamEvent, None], to_chunks: ChunkMaker
+    first: StreamEvent | None,
+    rest: AsyncGenerator[StreamEvent, None],
+    to_chunks: ChunkMaker,
+    *,
+    drain_grace_s: float = DRAIN_GRACE_S,
 ) -> EventSourceResponse:
-    """A streaming response relaying ``first`` then ``rest`` as chunks, ending with ``[DONE]``."""
+    """A streaming response relaying ``first`` then ``rest`` as chunks, ending with ``[DONE]``.
+
+    When the server stops, the stream may run on for ``drain_grace_s`` before it is
+    cut (and then its job keeps running, for a resume elsewhere: ``gateway/shutdown.py``).
+    """
     return EventSourceResponse(
         _frames(first, rest, to_chunks),
         sep=SEPARATOR,
         ping=KEEPALIVE_S,
         ping_message_factory=_keepalive,
         send_timeout=SEND_TIMEOUT_S,
+        shutdown_event=anyio.Event(),
+        shutdown_grace_period=drain_grace_s,
     )
 
 
 async def _frames(
-    first: StreamEvent, rest: AsyncGenerator[StreamEvent, None], to_chunks: ChunkMaker
+    first: StreamEvent | None, rest: AsyncGenerator[StreamEvent, None], to_chunks: ChunkMaker
 ) -> AsyncIterator[ServerSentEvent]:
     async with aclosing(rest):
-        for frame in _event_frames(first, to_chunks):
+        for frame in _event_frames(first, to_chunks) if first is not None else ():
             yield frame
         try:
             async for item in rest:

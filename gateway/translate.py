@@ -1,51 +1,38 @@
-"""Owns the pure conversions between the OpenAI schema and the job protocol.
+"""Owns the pure conversions from OpenAI requests to the job protocol (and live workers to the model list).
 
-Requests become ``GenerationJob``s; token events become OpenAI objects and
-chunks; live workers become the model list. Nothing here does I/O or reads a
-clock: ids and timestamps come in as arguments, so every function is tested by
-comparing whole objects.
+Requests become ``GenerationJob``s: one per prompt (a completions request may list
+several; they run as separate jobs, ``{request_id}-p{j}``, merged by the gateway),
+each asking its worker for ``n`` choices. The reverse direction, events to OpenAI
+objects, is ``gateway/responses.py``. Nothing here does I/O or reads a clock: ids
+and timestamps come in as arguments, so every function is tested by comparing
+whole objects.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-
-from pydantic import MISSING
 
 from gateway.openai_schema import (
-    AssistantMessage,
-    ChatChoice,
-    ChatChunkChoice,
-    ChatCompletion,
-    ChatCompletionChunk,
     ChatCompletionRequest,
-    ChatDelta,
     ChatMessageParam,
-    Completion,
-    CompletionChoice,
     CompletionRequest,
-    FinishReasonName,
     ModelCard,
     ModelList,
     TextContentPart,
-    Usage,
 )
-from shared.errors import WorkerFailed
+from gateway.responses import ResponseMeta
+from gateway.tokenize_schema import DetokenizeRequest, TokenizeRequest
+from shared.errors import InvalidRequest
 from shared.protocol import (
-    Accepted,
     ChatMessage,
     ChatPrompt,
-    Delta,
-    Finished,
-    FinishReason,
     GenerationJob,
+    Prompt,
     SamplingSpec,
     TextPrompt,
-    TokenEvent,
+    TokenizeJob,
     TokenPrompt,
 )
-from shared.protocol import Usage as WireUsage
 from shared.registry import WorkerInfo
 
 CHAT_ID_PREFIX = "chatcmpl-"
@@ -54,21 +41,6 @@ COMPLETION_ID_PREFIX = "cmpl-"
 _PART_SEPARATOR = "\n"
 # OpenAI's newer "developer" role is what older chat templates call "system".
 _ROLE_ALIASES = {"developer": "system"}
-_FINISH_REASONS: dict[FinishReason, FinishReasonName] = {
-    FinishReason.STOP: "stop",
-    FinishReason.LENGTH: "length",
-}
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseMeta:
-    """What every object answering one request shares."""
-
-    id: str
-    created: int
-    model: str
-    include_usage: bool = False
-    echo: bool = False
 
 
 # Requests -> jobs
@@ -84,24 +56,60 @@ def chat_job(request: ChatCompletionRequest, request_id: str, created_at: float)
         prompt=ChatPrompt(messages=messages),
         sampling=_sampling(request, max_tokens),
         created_at=created_at,
+        n=request.n or 1,
+        logprobs=_chat_logprobs(request),
     )
 
 
-def completion_job(request: CompletionRequest, request_id: str, created_at: float) -> GenerationJob:
-    """The job for a completion request: raw text or token ids, no template."""
-    prompt = (
-        TextPrompt(text=request.prompt)
-        if isinstance(request.prompt, str)
-        else TokenPrompt(token_ids=request.prompt)
-    )
-    return GenerationJob(
-        request_id=request_id,
-        model=request.model,
-        prompt=prompt,
-        sampling=_sampling(request, request.max_tokens),
-        echo=bool(request.echo),
-        created_at=created_at,
-    )
+def completion_jobs(request: CompletionRequest, request_id: str, created_at: float) -> list[GenerationJob]:
+    """One job per prompt of a completion request: raw text or token ids, no template."""
+    _check_best_of(request)
+    return [
+        GenerationJob(
+            request_id=prompt_request_id(request_id, index, len(request.prompt)),
+            model=request.model,
+            prompt=_completion_prompt(prompt),
+            sampling=_sampling(request, request.max_tokens),
+            echo=bool(request.echo),
+            created_at=created_at,
+            n=request.n or 1,
+            logprobs=request.logprobs,
+            # Echo with logprobs scores the echoed prompt too, as OpenAI does.
+            prompt_logprobs=request.logprobs if request.echo else None,
+        )
+        for index, prompt in enumerate(request.prompt)
+    ]
+
+
+def prompt_request_id(request_id: str, index: int, count: int) -> str:
+    """The job id of prompt ``index``: the request's own id when it has one prompt."""
+    return request_id if count == 1 else f"{request_id}-p{index}"
+
+
+def check_choice_count(request: ChatCompletionRequest | CompletionRequest, max_n: int) -> None:
+    """Refuse more choices than the operator allows (``max_n``)."""
+    if request.n is not None and request.n > max_n:
+        raise InvalidRequest(f"n must be at most {max_n} on this server; got {request.n}.", param="n")
+
+
+def _check_best_of(request: CompletionRequest) -> None:
+    if request.best_of is not None and request.best_of != (request.n or 1):
+        raise InvalidRequest(
+            "best_of is supported only equal to n (candidates are returned, never ranked away).",
+            param="best_of",
+        )
+
+
+def _chat_logprobs(request: ChatCompletionRequest) -> int | None:
+    if request.logprobs:
+        return request.top_logprobs or 0
+    if request.top_logprobs:
+        raise InvalidRequest("top_logprobs needs logprobs set to true.", param="top_logprobs")
+    return None
+
+
+def _completion_prompt(prompt: str | list[int]) -> Prompt:
+    return TextPrompt(text=prompt) if isinstance(prompt, str) else TokenPrompt(token_ids=prompt)
 
 
 def _chat_message(message: ChatMessageParam) -> ChatMessage:
@@ -155,6 +163,7 @@ def chat_meta(request: ChatCompletionRequest, request_id: str, created_at: float
         created=int(created_at),
         model=request.model,
         include_usage=_wants_usage(request),
+        n=request.n or 1,
     )
 
 
@@ -165,6 +174,9 @@ def completion_meta(request: CompletionRequest, request_id: str, created_at: flo
         model=request.model,
         include_usage=_wants_usage(request),
         echo=bool(request.echo),
+        n=request.n or 1,
+        prompts=len(request.prompt),
+        logprobs=request.logprobs is not None,
     )
 
 
@@ -172,121 +184,33 @@ def _wants_usage(request: ChatCompletionRequest | CompletionRequest) -> bool:
     return bool(request.stream and request.stream_options and request.stream_options.include_usage)
 
 
-# Events -> whole objects (non-streaming)
+# Tokenize requests -> jobs
 
 
-def usage(wire: WireUsage) -> Usage:
-    return Usage(
-        prompt_tokens=wire.prompt_tokens,
-        completion_tokens=wire.completion_tokens,
-        total_tokens=wire.total_tokens,
+def tokenize_job(request: TokenizeRequest, request_id: str) -> TokenizeJob:
+    """The job for POST /tokenize: a text prompt, or messages the worker renders first."""
+    if (request.prompt is None) == (request.messages is None):
+        raise InvalidRequest("Give either prompt or messages to tokenize.", param="prompt")
+    if request.messages is not None:
+        prompt: Prompt = ChatPrompt(
+            messages=[_chat_message(message) for message in request.messages],
+            add_generation_prompt=request.add_generation_prompt,
+        )
+        add_special_tokens = bool(request.add_special_tokens)
+    else:
+        prompt = TextPrompt(text=request.prompt or "")
+        add_special_tokens = request.add_special_tokens is not False
+    return TokenizeJob(
+        request_id=request_id, model=request.model, prompt=prompt, add_special_tokens=add_special_tokens
     )
 
 
-def chat_completion(meta: ResponseMeta, events: Sequence[TokenEvent]) -> ChatCompletion:
-    """Fold a request's events (Accepted ... Finished) into one chat.completion."""
-    finished = _finished(events)
-    message = AssistantMessage(content=_generated_text(events))
-    return ChatCompletion(
-        id=meta.id,
-        created=meta.created,
-        model=meta.model,
-        choices=[ChatChoice(message=message, finish_reason=_FINISH_REASONS[finished.finish_reason])],
-        usage=usage(finished.usage),
-    )
-
-
-def text_completion(meta: ResponseMeta, events: Sequence[TokenEvent]) -> Completion:
-    """Fold a request's events into one text_completion, echoing the prompt if asked."""
-    finished = _finished(events)
-    text = _echoed_prompt(meta, events) + _generated_text(events)
-    return Completion(
-        id=meta.id,
-        created=meta.created,
-        model=meta.model,
-        choices=[CompletionChoice(text=text, finish_reason=_FINISH_REASONS[finished.finish_reason])],
-        usage=usage(finished.usage),
-    )
-
-
-def _finished(events: Iterable[TokenEvent]) -> Finished:
-    for event in events:
-        if isinstance(event, Finished):
-            return event
-    raise WorkerFailed("the worker ended the request without finishing it")
-
-
-def _generated_text(events: Iterable[TokenEvent]) -> str:
-    return "".join(event.text for event in events if isinstance(event, Delta))
-
-
-def _echoed_prompt(meta: ResponseMeta, events: Iterable[TokenEvent]) -> str:
-    if not meta.echo:
-        return ""
-    accepted = next((event for event in events if isinstance(event, Accepted)), None)
-    return (accepted.prompt_text or "") if accepted else ""
-
-
-# Events -> chunks (streaming). Failed events never get here: dispatch raises them.
-
-
-def chat_chunks(meta: ResponseMeta, event: TokenEvent) -> list[ChatCompletionChunk]:
-    """The chat.completion.chunk objects one event becomes (often one, sometimes none or two)."""
-    if isinstance(event, Accepted):
-        return [_chat_chunk(meta, ChatDelta(role="assistant", content=""))]
-    if isinstance(event, Delta):
-        return [_chat_chunk(meta, ChatDelta(content=event.text))] if event.text else []
-    if isinstance(event, Finished):
-        last = _chat_chunk(meta, ChatDelta(), _FINISH_REASONS[event.finish_reason])
-        return [last, _chat_usage_chunk(meta, event)] if meta.include_usage else [last]
-    return []
-
-
-def _chat_chunk(
-    meta: ResponseMeta, delta: ChatDelta, finish_reason: FinishReasonName | None = None
-) -> ChatCompletionChunk:
-    return ChatCompletionChunk(
-        id=meta.id,
-        created=meta.created,
-        model=meta.model,
-        choices=[ChatChunkChoice(delta=delta, finish_reason=finish_reason)],
-        usage=None if meta.include_usage else MISSING,
-    )
-
-
-def _chat_usage_chunk(meta: ResponseMeta, finished: Finished) -> ChatCompletionChunk:
-    return ChatCompletionChunk(
-        id=meta.id, created=meta.created, model=meta.model, choices=[], usage=usage(finished.usage)
-    )
-
-
-def completion_chunks(meta: ResponseMeta, event: TokenEvent) -> list[Completion]:
-    """The text_completion chunks one event becomes; the echoed prompt is the first text."""
-    if isinstance(event, Accepted):
-        return [_completion_chunk(meta, event.prompt_text)] if meta.echo and event.prompt_text else []
-    if isinstance(event, Delta):
-        return [_completion_chunk(meta, event.text)] if event.text else []
-    if isinstance(event, Finished):
-        last = _completion_chunk(meta, "", _FINISH_REASONS[event.finish_reason])
-        return [last, _completion_usage_chunk(meta, event)] if meta.include_usage else [last]
-    return []
-
-
-def _completion_chunk(
-    meta: ResponseMeta, text: str, finish_reason: FinishReasonName | None = None
-) -> Completion:
-    return Completion(
-        id=meta.id,
-        created=meta.created,
-        model=meta.model,
-        choices=[CompletionChoice(text=text, finish_reason=finish_reason)],
-        usage=None if meta.include_usage else MISSING,
-    )
-
-
-def _completion_usage_chunk(meta: ResponseMeta, finished: Finished) -> Completion:
-    return Completion(
-        id=meta.id, created=meta.created, model=meta.model, choices=[], usage=usage(finished.usage)
+def detokenize_job(request: DetokenizeRequest, request_id: str) -> TokenizeJob:
+    """The job for POST /detokenize: token ids the worker decodes."""
+    if any(token < 0 for token in request.tokens):
+        raise InvalidRequest("Token ids must be non-negative integers.", param="tokens")
+    return TokenizeJob(
+        request_id=request_id, model=request.model, prompt=TokenPrompt(token_ids=request.tokens)
     )
 
 

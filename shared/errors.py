@@ -57,6 +57,12 @@ class Unauthorized(TokenferryError):
     code = "invalid_api_key"
 
 
+class PermissionDenied(TokenferryError):
+    status = 403
+    type = "invalid_request_error"
+    code = "insufficient_permissions"
+
+
 class NotFound(TokenferryError):
     status = 404
     type = "invalid_request_error"
@@ -87,6 +93,20 @@ class Overloaded(TokenferryError):
     def __init__(self, message: str, *, retry_after_s: int = 1, param: str | None = None) -> None:
         super().__init__(message, param=param)
         self.retry_after_s = retry_after_s
+
+
+class RateLimited(Overloaded):
+    """A key's own per-minute limit, as OpenAI reports it: ``type`` names the exhausted resource."""
+
+    code = "rate_limit_exceeded"
+
+
+class RequestRateLimited(RateLimited):
+    type = "requests"
+
+
+class TokenRateLimited(RateLimited):
+    type = "tokens"
 
 
 class WorkerFailed(TokenferryError):

@@ -7,6 +7,18 @@
 | tf:worker:{worker_id}        | string | worker  | gateway         | WORKER_TTL_S, refreshed by heartbeat |
 | tf:workers                   | set    | worker  | gateway         | members pruned by readers when stale |
 | tf:models:known              | hash   | worker  | gateway         | model -> last seen (s); KNOWN_TTL_S   |
+| tf:run:{request_id}          | hash   | worker  | worker, gateway | a running job's owner; RUN_TTL_S      |
+| tf:running:{model}           | set    | worker  | worker (reaper) | members removed with their tf:run     |
+| tf:cancelled:{request_id}    | string | gateway | worker          | CANCELLED_TTL_S                      |
+| tf:wake:{model}              | pubsub | gateway | worker          | (channel: a job was enqueued)        |
+| tf:request:{request_id}      | string | gateway | gateway         | EVENTS_TTL_S (how to render a resume) |
+| tf:reply:{request_id}        | list   | worker  | gateway (BLPOP) | REPLY_TTL_S                          |
+| tf:key:{sha256 hex}          | hash   | keys    | gateway         | kept (revoked: a flag); one API key  |
+| tf:keys                      | hash   | keys    | gateway, keys   | kept: key id -> hash; auth is on     |
+| tf:rate:{key_id}:{resource}  | hash   | gateway | gateway         | RATE_WINDOW_S (idle bucket is full)  |
+| tf:owner:{kind}:{id}         | string | gateway | gateway         | the resource's lifetime, set by it   |
+
+"keys" is ``shared/apikeys.py``, called by ``tokenferry keys`` and ``/admin/keys``.
 
 arq's own keys (``arq:job:*``, ``arq:in-progress:*``, ``arq:abort``) are named by arq;
 only ``shared/jobqueue.py`` and ``worker/jobs.py`` touch them.
@@ -24,10 +36,18 @@ EVENTS_TTL_S = 600
 EVENTS_RUNNING_TTL_S = 3600
 # Entries kept per stream: a request never produces more events than tokens plus two.
 EVENTS_MAXLEN = 100_000
-# Three missed heartbeats and the worker counts as gone.
-WORKER_TTL_S = 6
+# Three missed heartbeats and the worker counts as gone, and its jobs are taken over.
+WORKER_TTL_S = 4
 # A model seen recently but with no live worker answers 503, not 404.
 KNOWN_TTL_S = 86_400
+# A run record outlives any request deadline; the reaper deletes it sooner.
+RUN_TTL_S = 6 * 3600
+# A cancellation must outlive any takeover race of the request it names.
+CANCELLED_TTL_S = 3600
+# A tokenize reply nobody popped (its gateway gave up) is garbage soon after.
+REPLY_TTL_S = 60
+# Rate limits are per minute: a bucket untouched this long has refilled, so it may vanish.
+RATE_WINDOW_S = 60
 
 
 class Lane(StrEnum):
@@ -55,3 +75,52 @@ def workers_index() -> str:
 
 def known_models() -> str:
     return f"{PREFIX}models:known"
+
+
+def api_key(key_hash: str) -> str:
+    """One API key's record, found by the SHA-256 hex of its secret."""
+    return f"{PREFIX}key:{key_hash}"
+
+
+def api_keys_index() -> str:
+    return f"{PREFIX}keys"
+
+
+def rate_bucket(key_id: str, resource: str) -> str:
+    """The token bucket limiting one key's ``resource`` ("requests" or "tokens") per minute."""
+    return f"{PREFIX}rate:{key_id}:{resource}"
+
+
+def owner(kind: str, resource_id: str) -> str:
+    """Which tenant created a resource (a request's stream, a file, a batch)."""
+    return f"{PREFIX}owner:{kind}:{resource_id}"
+
+
+def reply(request_id: str) -> str:
+    """Where a worker answers a short request/reply job (tokenize, detokenize)."""
+    return f"{PREFIX}reply:{request_id}"
+
+
+def run(request_id: str) -> str:
+    return f"{PREFIX}run:{request_id}"
+
+
+def running(model: str) -> str:
+    return f"{PREFIX}running:{model}"
+
+
+def cancelled(request_id: str) -> str:
+    return f"{PREFIX}cancelled:{request_id}"
+
+
+def wake(model: str) -> str:
+    return f"{PREFIX}wake:{model}"
+
+
+def request_view(request_id: str) -> str:
+    return f"{PREFIX}request:{request_id}"
+
+
+def attempt_job_id(request_id: str, attempt: int) -> str:
+    """The arq job id of one attempt: arq never reuses ids, so each takeover needs its own."""
+    return request_id if attempt == 0 else f"{request_id}~{attempt}"

@@ -3,12 +3,21 @@
 Only entry points call ``configure_logging``; modules just use
 ``logging.getLogger(__name__)``. The request id travels in a contextvar, so a
 line logged anywhere inside a request's task carries it without being passed.
+The gateway passes the same id to the worker inside the job, so the lines of one
+request carry one id in every process.
+
+``--log-format json`` writes one object per line: ``ts``, ``level``, ``logger``,
+``message``, ``request_id`` (null outside a request), ``process`` (gateway or
+worker), ``host``, ``pid``, and ``worker_id`` when one was configured.
+``text`` stays readable for people. Prompts, outputs and keys are never logged
+at INFO; token ids and text appear only at DEBUG, which is opt-in.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -25,23 +34,33 @@ class RequestIdFilter(logging.Filter):
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per line; ``fields`` (process, worker_id) are added to every line."""
+
+    def __init__(self, fields: dict[str, str] | None = None) -> None:
+        super().__init__()
+        self._fields = {"host": socket.gethostname(), **(fields or {})}
+
     def format(self, record: logging.LogRecord) -> str:
-        line = {
+        request_id = getattr(record, "request_id", "-")
+        line: dict[str, object] = {
             "ts": self.formatTime(record),
             "level": record.levelname,
             "logger": record.name,
-            "request_id": getattr(record, "request_id", "-"),
             "message": record.getMessage(),
+            "request_id": None if request_id == "-" else request_id,
+            **self._fields,
+            "pid": record.process,
         }
         if record.exc_info:
             line["exc_info"] = self.formatException(record.exc_info)
         return json.dumps(line)
 
 
-def configure_logging(level: str = "INFO", fmt: str = "text") -> None:
+def configure_logging(level: str = "INFO", fmt: str = "text", **fields: str) -> None:
+    """Log to stderr as ``text`` or ``json``; ``fields`` (process=..., worker_id=...) go in JSON lines."""
     handler = logging.StreamHandler()
     handler.addFilter(RequestIdFilter())
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter(fields) if fmt == "json" else logging.Formatter(_TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

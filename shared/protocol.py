@@ -90,6 +90,10 @@ class ChatPrompt(_Part):
 Prompt = Annotated[TextPrompt | TokenPrompt | ChatPrompt, Field(discriminator="kind")]
 
 
+# The most alternatives a client may ask per token (OpenAI's top_logprobs bound).
+MAX_TOP_LOGPROBS = 20
+
+
 class GenerationJob(_Wire):
     request_id: str
     model: str
@@ -97,6 +101,16 @@ class GenerationJob(_Wire):
     sampling: SamplingSpec = SamplingSpec()
     echo: bool = False
     created_at: float
+    # Choices generated from this one prompt; all publish to the request's one stream.
+    n: int = Field(1, ge=1)
+    # None: no logprobs; 0: the chosen token's; k: plus the k most likely alternatives.
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    # Also score the prompt's tokens (completions' echo with logprobs); same meaning of k.
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    # Wall-clock time (epoch s) after which nobody waits for this job: it must not start.
+    deadline_at: float | None = None
+    # 0 for the first run; k for the k-th takeover, which resumes from the events already streamed.
+    attempt: int = Field(0, ge=0)
 
 
 class Usage(_Part):
@@ -118,14 +132,57 @@ class Accepted(_Wire):
     prompt_text: str | None = None
 
 
+class TopLogprob(_Part):
+    """One candidate token at a position, scored by the model's raw log-softmax."""
+
+    token_id: int
+    # The token's text as decoded alone (a partial UTF-8 character decodes to U+FFFD).
+    token: str
+    logprob: float
+
+
+class TokenLogprob(TopLogprob):
+    """The chosen token at a position, with the most likely alternatives when asked."""
+
+    top: list[TopLogprob] = []
+
+
+class PromptLogprob(_Part):
+    """A prompt token scored by what precedes it; the first token has nothing before it (None)."""
+
+    token_id: int
+    token: str
+    logprob: float | None
+    top: list[TopLogprob] = []
+
+
 class Delta(_Wire):
     type: Literal["delta"] = "delta"
     text: str
     token_ids: list[int]
+    # Which choice (0..n-1) of the request this text belongs to.
+    index: int = 0
+    # One entry per generated token whose text this delta completes, when the job asked.
+    logprobs: list[TokenLogprob] | None = None
+    # On a choice's first delta when the job asked: one entry per prompt token.
+    prompt_logprobs: list[PromptLogprob] | None = None
+
+
+class ChoiceFinished(_Wire):
+    """One choice ended (not terminal: the request ends with ``Finished`` once all choices have)."""
+
+    type: Literal["choice_finished"] = "choice_finished"
+    index: int
+    finish_reason: FinishReason
+    completion_tokens: int
+    stop_sequence: str | None = None
 
 
 class Finished(_Wire):
+    """The request's terminal event, after every choice's ``ChoiceFinished``; usage sums the choices."""
+
     type: Literal["finished"] = "finished"
+    # The reason of the choice that ended last (per-choice reasons are on ``ChoiceFinished``).
     finish_reason: FinishReason
     usage: Usage
     # The stop sequence that ended generation, when one did (trimmed from the text).
@@ -137,5 +194,30 @@ class Failed(_Wire):
     error: ErrorInfo
 
 
-TokenEvent = Annotated[Accepted | Delta | Finished | Failed, Field(discriminator="type")]
+TokenEvent = Annotated[
+    Accepted | Delta | ChoiceFinished | Finished | Failed, Field(discriminator="type")
+]
 TERMINAL_EVENT_TYPES = frozenset({"finished", "failed"})
+
+
+class TokenizeJob(_Wire):
+    """Tokenize a text or chat prompt, or detokenize a ``TokenPrompt``, on a worker of ``model``.
+
+    Only workers hold tokenizers; the answer goes to ``keys.reply(request_id)``.
+    """
+
+    request_id: str
+    model: str
+    prompt: Prompt
+    add_special_tokens: bool = True
+
+
+class Tokenized(_Wire):
+    type: Literal["tokenized"] = "tokenized"
+    tokens: list[int]
+    # The prompt as text: the rendered chat, or the decoded token ids.
+    text: str
+    max_model_len: int
+
+
+TokenizeReply = Annotated[Tokenized | Failed, Field(discriminator="type")]

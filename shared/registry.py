@@ -5,6 +5,10 @@ worker disappears within ``keys.WORKER_TTL_S`` without anyone cleaning up. A set
 indexes the records; readers prune members whose record has expired. Models seen
 in the last day are remembered so a request for a model whose workers are all
 gone gets 503 (come back later), while a model nobody ever served gets 404.
+
+Each heartbeat also carries the worker's load (running and waiting sequences,
+tokens/s) for ``tokenferry status``; the fields are optional so records written
+and read by older processes still parse.
 """
 
 from __future__ import annotations
@@ -18,6 +22,16 @@ from redis.asyncio import Redis
 from shared import keys
 
 
+class WorkerLoad(BaseModel):
+    """A worker's load as of its latest heartbeat."""
+
+    model_config = ConfigDict(frozen=True)
+
+    running: int = 0
+    waiting: int = 0
+    generation_tokens_per_s: float = 0.0
+
+
 class WorkerInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -25,6 +39,10 @@ class WorkerInfo(BaseModel):
     model: str
     max_model_len: int
     started_at: float
+    heartbeat_at: float | None = None  # stamped by ``heartbeat``
+    load: WorkerLoad | None = None
+    # Draining (SIGTERM): alive, finishing its jobs, taking no new ones; not capacity.
+    draining: bool = False
 
 
 class ModelAvailability(StrEnum):
@@ -35,8 +53,9 @@ class ModelAvailability(StrEnum):
 
 async def heartbeat(redis: Redis, info: WorkerInfo) -> None:
     """Announce (or re-announce) a live worker; call every ``WORKER_TTL_S / 3`` seconds."""
+    record = info.model_copy(update={"heartbeat_at": time.time()})
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.set(keys.worker(info.worker_id), info.model_dump_json(), ex=keys.WORKER_TTL_S)
+        pipe.set(keys.worker(info.worker_id), record.model_dump_json(), ex=keys.WORKER_TTL_S)
         pipe.sadd(keys.workers_index(), info.worker_id)
         pipe.hset(keys.known_models(), info.model, str(time.time()))
         pipe.expire(keys.known_models(), keys.KNOWN_TTL_S)
@@ -73,7 +92,7 @@ async def live_workers(redis: Redis) -> list[WorkerInfo]:
 async def model_availability(redis: Redis, model: str) -> tuple[ModelAvailability, WorkerInfo | None]:
     """Whether ``model`` has a live worker (returned), was served recently, or is unknown."""
     for info in await live_workers(redis):
-        if info.model == model:
+        if info.model == model and not info.draining:
             return ModelAvailability.LIVE, info
     seen_at: bytes | None = await redis.hget(keys.known_models(), model)  # type: ignore[misc]
     if seen_at is not None and time.time() - float(seen_at) < keys.KNOWN_TTL_S:

@@ -27,6 +27,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from shared.apikeys import configured_hash
 from shared.protocol import SamplingSpec
 
 BUNDLED_MODEL = "SmolLM2-135M-Instruct"
@@ -99,8 +100,45 @@ class GatewaySettings(_Settings):
     )
     request_timeout_s: float = Field(600.0, gt=0, description="Deadline for queue wait plus generation.")
     max_body_bytes: int = Field(4 * 1024 * 1024, gt=0)
+    metrics_require_key: bool = Field(
+        False, description="Whether GET /metrics needs an API key (scrapers usually have none)."
+    )
+    max_queued_requests: int = Field(
+        256, gt=0, description="Per model: requests waiting beyond this many get 429 at once."
+    )
+    redis_timeout_s: float = Field(
+        2.0,
+        gt=1.0,  # stream reads block for 1 s per call
+        description="Socket timeout of Redis calls: an outage answers 503, never hangs.",
+    )
+    drain_grace_s: float = Field(
+        30.0, ge=0, description="On SIGTERM: how long open streams may run on before the gateway exits."
+    )
+    admin_api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Bearer keys that may also use /admin endpoints."
+    )
+    auth_cache_s: float = Field(
+        2.0, ge=0, description="How long 'are keys configured?' and a key's record are cached."
+    )
+    rate_limit_rpm: int | None = Field(None, gt=0, description="Default requests per minute per key.")
+    rate_limit_tpm: int | None = Field(None, gt=0, description="Default tokens per minute per key.")
+    max_tokens_limit: int | None = Field(None, gt=0, description="Largest max_tokens a request may ask.")
+    max_n: int = Field(16, ge=1, le=128, description="Most choices (n) a request may ask for each prompt.")
+    cors_allow_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Origins browsers may call from; empty turns CORS off."
+    )
 
-    _split_api_keys = field_validator("api_keys", mode="before")(_split_commas)
+    _split_lists = field_validator("api_keys", "admin_api_keys", "cors_allow_origins", mode="before")(
+        _split_commas
+    )
+
+    @field_validator("api_keys", "admin_api_keys")
+    @classmethod
+    def _valid_key_entries(cls, entries: list[str]) -> list[str]:
+        """Each entry is a secret or ``sha256:<64 hex>``; refuse malformed hashes at start-up."""
+        for entry in entries:
+            configured_hash(entry)
+        return entries
 
 
 class ClientSettings(_Settings):
@@ -109,6 +147,12 @@ class ClientSettings(_Settings):
     base_url: str = "http://127.0.0.1:8000/v1"
     api_key: str = Field("not-needed", description="Bearer key sent to the gateway.")
     model: str | None = Field(None, description="Model to call; defaults to the first one served.")
+
+
+class StatusSettings(_Settings):
+    """Settings of ``tokenferry status``."""
+
+    interval_s: float = Field(1.0, gt=0, description="Seconds between refreshes.")
 
 
 class CompileOptions(BaseModel):
@@ -151,7 +195,15 @@ class WorkerSettings(_Settings):
     # wake-ups cost the engine's threads ~20% on 2 cores (bench: 8 streams 22 -> 27 tok/s,
     # 32 streams 35 -> 41 tok/s going from 0.01 to 0.05 s), for ~25 ms more mean queue wait.
     poll_delay_s: float = Field(0.05, gt=0, description="arq queue poll interval.")
-    heartbeat_interval_s: float = Field(2.0, gt=0)
+    heartbeat_interval_s: float = Field(1.0, gt=0, description="Heartbeat period (its jobs' lease).")
+    drain_grace_s: float = Field(
+        30.0, ge=0, description="On SIGTERM: how long running sequences may finish before handover."
+    )
+    reap_interval_s: float = Field(1.0, gt=0, description="How often to look for jobs of dead workers.")
+    metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="Port of the worker's /metrics (Prometheus); None: off."
+    )
+    metrics_host: str = Field("127.0.0.1", description="Address the worker's /metrics listens on.")
     worker_id: str | None = None
     fake_script: str = Field(
         "The quick brown fox jumps over the lazy dog. Voilà, café ☕! ",

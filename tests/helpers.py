@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
@@ -18,21 +18,28 @@ FAKE_MODEL = "fake-model"
 
 
 @contextlib.asynccontextmanager
-async def running_stack(redis_url: str, **worker_overrides: Any) -> AsyncIterator[httpx.AsyncClient]:
-    """A real arq worker with the fake engine and the real gateway app, both in this event loop."""
+async def running_stack(
+    redis_url: str, *, gateway: Mapping[str, Any] | None = None, **worker_overrides: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    """A real arq worker with the fake engine and the real gateway app, both in this event loop.
+
+    ``gateway`` overrides gateway settings; with static keys there, the start-up probe uses the first.
+    """
     worker_settings = WorkerSettings(
         redis_url=redis_url, engine="fake", model=FAKE_MODEL, poll_delay_s=0.01, **worker_overrides
     )
     worker = build_worker(worker_settings, handle_signals=False)
     worker_task = asyncio.create_task(worker.async_run())
-    app = create_app(GatewaySettings(redis_url=redis_url, request_timeout_s=30))
+    gateway_settings = GatewaySettings(redis_url=redis_url, request_timeout_s=30, **(gateway or {}))
+    probe_key = next(iter(gateway_settings.admin_api_keys + gateway_settings.api_keys), None)
+    app = create_app(gateway_settings)
     try:
         async with app.router.lifespan_context(app):
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(
                 transport=transport, base_url="http://testserver", timeout=30
             ) as client:
-                await wait_for_model(client, worker_settings.model_name)
+                await wait_for_model(client, worker_settings.model_name, key=probe_key)
                 yield client
     finally:
         # Let jobs whose answers were already read finish their arq bookkeeping first.
@@ -45,10 +52,13 @@ async def running_stack(redis_url: str, **worker_overrides: Any) -> AsyncIterato
         await worker.close()
 
 
-async def wait_for_model(client: httpx.AsyncClient, model: str, timeout_s: float = 30.0) -> None:
+async def wait_for_model(
+    client: httpx.AsyncClient, model: str, timeout_s: float = 30.0, key: str | None = None
+) -> None:
+    headers = {"authorization": f"Bearer {key}"} if key else None
     async with asyncio.timeout(timeout_s):
         while True:
-            response = await client.get("/v1/models")
+            response = await client.get("/v1/models", headers=headers)
             if response.status_code == 200 and any(entry["id"] == model for entry in response.json()["data"]):
                 return
             await asyncio.sleep(0.05)

@@ -7,10 +7,13 @@ request's first event and the gateway answers them before any SSE byte.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 
+from shared.errors import InvalidRequest
 from shared.protocol import ChatPrompt, GenerationJob, TextPrompt, TokenPrompt
+from worker.choices import choice_requests
 from worker.engine import EngineRequest
 from worker.params import DefaultLayers, ModelLimits, build_engine_request
 from worker.tokenization import Tokenizer
@@ -20,10 +23,16 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class AdmittedRequest:
-    engine_request: EngineRequest
+    # One engine request per choice, in choice order (see ``worker/choices.py``).
+    engine_requests: tuple[EngineRequest, ...]
     stop_sequences: tuple[str, ...]
     # The prompt as the client should see it echoed, when the job asked for echo.
     echo_text: str | None
+
+    @property
+    def engine_request(self) -> EngineRequest:
+        """Choice 0's request, whose engine id is the request id."""
+        return self.engine_requests[0]
 
 
 def admit(
@@ -32,13 +41,27 @@ def admit(
     """Tokenize the prompt and resolve parameters; raises ``TokenferryError`` subclasses."""
     prompt_ids = _prompt_token_ids(job, tokenizer)
     engine_request = build_engine_request(job.request_id, prompt_ids, job.sampling, defaults, limits)
+    _check_choices(job, engine_request)
+    engine_request = dataclasses.replace(
+        engine_request, logprobs=job.logprobs, prompt_logprobs=job.prompt_logprobs
+    )
     stops = defaults.under(job.sampling).stop or []
     logger.debug("prompt token ids %s text %r", prompt_ids, tokenizer.decode(prompt_ids))
     return AdmittedRequest(
-        engine_request=engine_request,
+        engine_requests=choice_requests(engine_request, job.n),
         stop_sequences=tuple(stop for stop in stops if stop),
         echo_text=_echo_text(job, prompt_ids, tokenizer) if job.echo else None,
     )
+
+
+def _check_choices(job: GenerationJob, request: EngineRequest) -> None:
+    """Beam search returns one sequence, without per-token scores: refuse what it cannot give."""
+    if request.sampling.num_beams == 1:
+        return
+    if job.n > 1:
+        raise InvalidRequest("n greater than 1 cannot be combined with beam search (num_beams).", param="n")
+    if job.logprobs is not None or job.prompt_logprobs is not None:
+        raise InvalidRequest("logprobs cannot be combined with beam search (num_beams).", param="logprobs")
 
 
 def _prompt_token_ids(job: GenerationJob, tokenizer: Tokenizer) -> list[int]:

@@ -6,37 +6,43 @@ engine is touched only between steps: job coroutines put adds and aborts in an
 inbox that the loop applies before the next step, so no lock is needed and the
 engine stays single-threaded. All events of one step go to Redis in one pipeline,
 and a request's coroutine is released only after its terminal event is stored.
+A request with n choices runs as n engine sequences (``worker/choices.py``); the
+driver maps each engine id back to its request and choice. What happens to a job
+before it reaches the engine (claiming, first events, resume) and when it is given
+back is ``worker/lifecycle.py``'s; the driver publishes fenced by the job's owner,
+so a job taken over elsewhere is dropped here at its next step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
-from shared.errors import TokenferryError, WorkerFailed
+from shared.errors import WorkerFailed
 from shared.logs import request_context
-from shared.protocol import Accepted, Failed, GenerationJob, TokenEvent
+from shared.protocol import Failed, GenerationJob, TokenEvent
 from shared.streams import EventWriter
-from worker.admission import AdmittedRequest
+from worker.choices import RequestChoices
 from worker.engine import Engine, EngineRequest, SequenceUpdate
-from worker.output import RequestOutput
-from worker.tokenization import Tokenizer
+from worker.lifecycle import JobLifecycle
+from worker.metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
 
 _PUBLISH_RETRY_S = (0.1, 0.25, 0.5, 1.0, 2.0)
 
-Admitter = Callable[[GenerationJob], AdmittedRequest]
-
 
 @dataclass
 class _Active:
-    output: RequestOutput
+    job: GenerationJob
+    owner: str  # the owner token its events are fenced with
+    choices: RequestChoices
+    engine_ids: tuple[str, ...]  # choice i runs in the engine as engine_ids[i]
     done: asyncio.Future[None]
 
 
@@ -44,46 +50,60 @@ class EngineDriver:
     """Runs an ``Engine`` for many concurrent jobs; ``run(job)`` returns when the job has finished."""
 
     def __init__(
-        self, engine: Engine, tokenizer: Tokenizer, admitter: Admitter, writer: EventWriter, worker_id: str
+        self,
+        engine: Engine,
+        lifecycle: JobLifecycle,
+        writer: EventWriter,
+        model: str,
+        metrics: WorkerMetrics | None = None,
     ) -> None:
+        self.metrics = metrics or WorkerMetrics()
+        self.lifecycle = lifecycle
         self._engine = engine
-        self._tokenizer = tokenizer
-        self._admit = admitter
         self._writer = writer
-        self._worker_id = worker_id
+        self._model = model
         self._active: dict[str, _Active] = {}
+        self._choice_of: dict[str, tuple[str, int]] = {}  # engine id -> (request id, choice index)
         self._inbox: list[EngineRequest | str] = []  # a request to add, or an id to abort
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
+    @property
+    def active_count(self) -> int:
+        return len(self._active)
+
     async def run(self, job: GenerationJob) -> None:
-        """Admit ``job``, stream its events, return when its terminal event is stored."""
-        try:
-            admitted = await asyncio.to_thread(self._admit, job)
-        except TokenferryError as error:
-            logger.info("rejected: %s", error.message)
-            await self._writer.publish_step([(job.request_id, Failed(error=error.to_info()))])
+        """Start (or resume) ``job``, stream its events, return when its terminal event is stored."""
+        started = await self.lifecycle.start(job)
+        if started is None:
             return
-        request = admitted.engine_request
-        accepted = Accepted(
-            prompt_tokens=len(request.prompt_token_ids),
-            worker_id=self._worker_id,
-            prompt_text=admitted.echo_text,
+        if job.attempt == 0:
+            self.metrics.observe_admission(job, started.prompt_tokens)
+        loop = asyncio.get_running_loop()
+        active = _Active(
+            job, self.lifecycle.owner(job), started.choices, started.engine_ids, loop.create_future()
         )
-        await self._writer.publish_step([(job.request_id, accepted)])
-        output = RequestOutput.start(self._tokenizer, request.prompt_token_ids, admitted.stop_sequences)
-        active = _Active(output, asyncio.get_running_loop().create_future())
         self._active[job.request_id] = active
-        self._post(request)
+        index_of = {engine_id: index for index, engine_id in enumerate(started.engine_ids)}
+        for request in started.to_run:
+            self._choice_of[request.request_id] = (job.request_id, index_of[request.request_id])
+            self._post(request)
         try:
             await active.done
         except asyncio.CancelledError:
             self._forget(job.request_id)
             raise
 
-    def _forget(self, request_id: str) -> None:
-        if self._active.pop(request_id, None) is not None:
-            self._post(request_id)
+    def _forget(self, request_id: str, *, release: bool = False) -> None:
+        """Take ``request_id`` out of the engine; ``release`` also lets its ``run`` return."""
+        active = self._active.pop(request_id, None)
+        if active is None:
+            return
+        for engine_id in active.engine_ids:
+            if self._choice_of.pop(engine_id, None) is not None:
+                self._post(engine_id)
+        if release and not active.done.done():
+            active.done.set_result(None)
 
     def _post(self, item: EngineRequest | str) -> None:
         self._inbox.append(item)
@@ -95,15 +115,18 @@ class EngineDriver:
         while True:
             await self._wake.wait()
             self._apply_inbox()
+            self.metrics.observe_engine(self._engine.stats())
             if not self._engine.has_unfinished():
                 self._wake.clear()
                 continue
+            started = time.perf_counter()
             try:
                 updates = await loop.run_in_executor(self._executor, self._engine.step)
             except Exception:
                 logger.exception("engine step failed; failing its requests")
                 await self._fail_all()
                 continue
+            self.metrics.observe_step(time.perf_counter() - started, updates)
             finished, events = self._route(updates)
             await self._publish(events)
             for request_id in finished:
@@ -121,24 +144,29 @@ class EngineDriver:
         finished: list[str] = []
         events: list[tuple[str, TokenEvent]] = []
         for update in updates:
-            active = self._active.get(update.request_id)
+            request_id, index = self._choice_of.get(update.request_id, ("", 0))
+            active = self._active.get(request_id)
             if active is None:
                 continue  # aborted while the step ran
-            with request_context(update.request_id):
-                produced = active.output.consume(update)
-            events.extend((update.request_id, event) for event in produced)
-            if produced and produced[-1].type == "finished":
-                finished.append(update.request_id)
+            with request_context(request_id):
+                produced = active.choices.consume(index, update)
+            events.extend((request_id, event) for event in produced)
+            if any(event.type == "choice_finished" for event in produced):
+                del self._choice_of[update.request_id]
                 if not update.is_finished:
                     self._engine.abort(update.request_id)  # a stop sequence ended it; safe between steps
+            if produced and produced[-1].type == "finished":
+                finished.append(request_id)
         return finished, events
 
     async def _publish(self, events: list[tuple[str, TokenEvent]]) -> None:
         """Publish one step's events, retrying through short Redis outages so nothing is lost."""
+        owners = {request_id: self._active[request_id].owner for request_id, _ in events}
         attempt = 0
         while True:
             try:
-                await self._writer.publish_step(events)
+                lost = await self._writer.publish_owned(events, owners=owners, model=self._model)
+                self._drop_lost(lost)
                 return
             except RedisError as error:
                 # The engine does not step meanwhile: generation pauses instead of dropping tokens.
@@ -147,8 +175,16 @@ class EngineDriver:
                 await asyncio.sleep(delay)
                 attempt += 1
 
+    def _drop_lost(self, request_ids: set[str]) -> None:
+        """Stop jobs another worker took over (our lease lapsed): their stream is no longer ours."""
+        for request_id in request_ids:
+            logger.warning("lost request %s to a takeover; dropping it here", request_id)
+            self._forget(request_id, release=True)
+
     def _release(self, request_id: str) -> None:
         active = self._active.pop(request_id, None)
+        for engine_id in active.engine_ids if active is not None else ():
+            self._choice_of.pop(engine_id, None)
         if active is not None and not active.done.done():
             active.done.set_result(None)
 
@@ -156,7 +192,8 @@ class EngineDriver:
         failure = Failed(error=WorkerFailed("the model failed while generating this request").to_info())
         request_ids = list(self._active)
         for request_id in request_ids:
-            self._engine.abort(request_id)
+            for engine_id in self._active[request_id].engine_ids:
+                self._engine.abort(engine_id)
         await self._publish([(request_id, failure) for request_id in request_ids])
         for request_id in request_ids:
             self._release(request_id)

@@ -1,10 +1,11 @@
-"""Owns the arq job function: decode a job, hand it to the driver, turn shutdown into a clear error.
+"""Owns the arq job functions: decode a job, hand it to the driver, turn a shutdown into a handover.
 
 arq quirks stay here (with the client side in ``shared/jobqueue.py``). arq delivers
 both a client's abort and a worker shutdown as ``CancelledError``; they differ in
 what the client needs. After an abort nobody listens. After a shutdown the client
-is still waiting, so it gets a ``failed`` event instead of a hang; the job is not
-retried (``max_tries=1``), which would stream its text a second time.
+is still waiting, so the job is handed over: re-enqueued as its next attempt, which
+another worker resumes from the stream. arq itself never retries it (``max_tries=1``):
+a plain retry would stream its text a second time.
 """
 
 from __future__ import annotations
@@ -14,13 +15,19 @@ import logging
 from collections.abc import Callable
 from typing import Any, TypedDict
 
+from arq.connections import ArqRedis
+from pydantic import ValidationError
+from redis.exceptions import RedisError
+
 from shared.codec import CodecError, decode_job
-from shared.errors import Unavailable
+from shared.errors import TokenferryError
 from shared.logs import request_context
-from shared.protocol import Failed, GenerationJob
+from shared.protocol import Failed, GenerationJob, TokenizeJob, TokenizeReply
+from shared.replies import send_reply
 from shared.settings import WorkerSettings
 from shared.streams import EventWriter
 from worker.driver import EngineDriver
+from worker.tokenize_requests import TokenizeService
 
 logger = logging.getLogger(__name__)
 
@@ -43,11 +50,14 @@ def install_log_redaction() -> None:
 
 
 class WorkerContext(TypedDict, total=False):
+    redis: ArqRedis  # arq's own pool, set by arq before start-up
+    tokenize_service: TokenizeService
     settings: WorkerSettings
     worker_id: str
     driver: EngineDriver
     writer: EventWriter
     is_aborted: Callable[[str], bool]
+    job_id: str  # arq's id of the attempt being run, set by arq per job
     runtime: object  # worker.main.Runtime, owned by the start-up and shut-down hooks
 
 
@@ -68,9 +78,29 @@ async def generate(ctx: WorkerContext, payload: Any) -> None:
 
 
 async def _report_cancellation(ctx: WorkerContext, job: GenerationJob) -> None:
-    if ctx["is_aborted"](job.request_id):
+    if ctx["is_aborted"](ctx["job_id"]):
         logger.info("aborted by the client")
         return
-    logger.warning("interrupted by worker shutdown")
-    error = Unavailable("the worker shut down before finishing this request; please retry")
-    await asyncio.shield(ctx["writer"].publish_step([(job.request_id, Failed(error=error.to_info()))]))
+    # A shutdown (the drain's grace ran out): another worker resumes it from its stream.
+    logger.warning("interrupted by worker shutdown; handing it over")
+    try:
+        await asyncio.shield(ctx["driver"].lifecycle.hand_over(job))
+    except RedisError as error:
+        # Not lost either: the run record outlives us and the reaper re-queues it.
+        logger.warning("handover failed (%s); the reaper will take it over", error)
+
+
+async def tokenize(ctx: WorkerContext, payload: Any) -> None:
+    """arq entry point for one tokenize or detokenize request; the answer goes to its reply key."""
+    try:
+        job = TokenizeJob.model_validate(payload)
+    except ValidationError as error:
+        logger.error("dropping a tokenize job this worker cannot read: %s", error)
+        return
+    with request_context(job.request_id):
+        reply: TokenizeReply
+        try:
+            reply = await asyncio.to_thread(ctx["tokenize_service"].answer, job)
+        except TokenferryError as error:
+            reply = Failed(error=error.to_info())
+        await send_reply(ctx["redis"], job.request_id, reply)

@@ -7,7 +7,6 @@ tests call it with test settings (``engine="fake"``) exactly as the CLI does.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import logging
 import os
@@ -19,7 +18,6 @@ from typing import Any, cast
 
 from arq.worker import Worker, func
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
 
 from shared import jobqueue, keys, registry
 from shared.codec import deserialize_arq_job, serialize_arq_job
@@ -28,9 +26,15 @@ from shared.streams import EventWriter
 from worker.admission import admit
 from worker.driver import EngineDriver
 from worker.engine import Engine
-from worker.jobs import WorkerContext, generate, install_log_redaction
+from worker.jobs import WorkerContext, generate, install_log_redaction, tokenize
+from worker.lifecycle import JobLifecycle
+from worker.metrics import MetricsServer, WorkerMetrics
 from worker.params import DefaultLayers, ModelLimits, spec_from_generation_config
+from worker.presence import Presence
+from worker.queue_worker import QueueWorker
+from worker.reaper import Reaper
 from worker.tokenization import Tokenizer
+from worker.tokenize_requests import TokenizeService
 
 logger = logging.getLogger(__name__)
 
@@ -51,8 +55,9 @@ class Backend:
 class Runtime:
     redis: Redis
     driver: EngineDriver
-    info: registry.WorkerInfo
+    presence: Presence
     tasks: list[asyncio.Task[None]]
+    metrics_server: MetricsServer | None = None
 
 
 def load_backend(settings: WorkerSettings) -> Backend:
@@ -128,9 +133,12 @@ def _build_engine(model: Any, settings: WorkerSettings) -> Engine:
 def build_worker(settings: WorkerSettings, *, handle_signals: bool = True) -> Worker:
     worker_id = settings.worker_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     ctx: dict[str, Any] = {"settings": settings, "worker_id": worker_id}
-    worker = Worker(
+    worker = QueueWorker(
         # arq types ctx as a plain dict; ours is the same dict seen through WorkerContext.
-        functions=[func(cast(Any, generate), name=jobqueue.GENERATE_FUNCTION, max_tries=1)],
+        functions=[
+            func(cast(Any, generate), name=jobqueue.GENERATE_FUNCTION, max_tries=1),
+            func(cast(Any, tokenize), name=jobqueue.TOKENIZE_FUNCTION, max_tries=1),
+        ],
         queue_name=keys.queue(settings.model_name),
         redis_settings=jobqueue.redis_settings(settings.redis_url),
         on_startup=cast(Any, _startup),
@@ -144,9 +152,12 @@ def build_worker(settings: WorkerSettings, *, handle_signals: bool = True) -> Wo
         allow_abort_jobs=True,
         job_serializer=serialize_arq_job,
         job_deserializer=deserialize_arq_job,
-        handle_signals=handle_signals,
+        wake_channel=keys.wake(settings.model_name),
+        drain_grace_s=settings.drain_grace_s,
+        drain_on_signals=handle_signals,
+        on_drain=lambda: _start_draining(ctx),
     )
-    ctx["is_aborted"] = lambda request_id: request_id in worker.aborting_tasks
+    ctx["is_aborted"] = lambda job_id: job_id in worker.aborting_tasks
     install_log_redaction()
     return worker
 
@@ -154,6 +165,9 @@ def build_worker(settings: WorkerSettings, *, handle_signals: bool = True) -> Wo
 async def _startup(ctx: WorkerContext) -> None:
     settings = ctx["settings"]
     started = time.monotonic()
+    metrics = WorkerMetrics()
+    port = settings.metrics_port  # bound before the model loads: a busy port fails at once
+    metrics_server = None if port is None else metrics.serve(port, settings.metrics_host)
     backend = await asyncio.to_thread(load_backend, settings)
     redis = Redis.from_url(settings.redis_url)
     writer = EventWriter(redis)
@@ -162,20 +176,29 @@ async def _startup(ctx: WorkerContext) -> None:
     )
     limits = ModelLimits(backend.max_model_len, backend.tokenizer.eos_token_ids, backend.vocab_size)
     admitter = functools.partial(admit, tokenizer=backend.tokenizer, defaults=defaults, limits=limits)
-    driver = EngineDriver(backend.engine, backend.tokenizer, admitter, writer, ctx["worker_id"])
+    pool = ctx["redis"]
+    lifecycle = JobLifecycle(pool, writer, backend.tokenizer, admitter, ctx["worker_id"])
+    driver = EngineDriver(backend.engine, lifecycle, writer, settings.model_name, metrics)
     info = registry.WorkerInfo(
         worker_id=ctx["worker_id"],
         model=settings.model_name,
         max_model_len=backend.max_model_len,
         started_at=time.time(),
     )
-    await registry.heartbeat(redis, info)
+    presence = Presence(redis, info, metrics.sample_load)
+    await presence.announce()  # live before the first claim: a claimed job always has a live owner
     driver_task = asyncio.create_task(driver.serve(), name="engine-driver")
-    heartbeat = _heartbeat_while_alive(redis, info, settings.heartbeat_interval_s, driver_task)
-    tasks = [driver_task, asyncio.create_task(heartbeat, name="heartbeat")]
+    heartbeat = presence.heartbeat_while_alive(settings.heartbeat_interval_s, driver_task)
+    reaper = Reaper(pool, settings.model_name, settings.reap_interval_s, metrics.record_failover)
+    tasks = [
+        driver_task,
+        asyncio.create_task(heartbeat, name="heartbeat"),
+        asyncio.create_task(reaper.run(), name="reaper"),
+    ]
     ctx["driver"] = driver
+    ctx["tokenize_service"] = TokenizeService(backend.tokenizer, backend.max_model_len, backend.vocab_size)
     ctx["writer"] = writer
-    ctx["runtime"] = Runtime(redis, driver, info, tasks)
+    ctx["runtime"] = Runtime(redis, driver, presence, tasks, metrics_server)
     logger.info(
         "worker %s serving %s, ready in %.1f s", info.worker_id, info.model, time.monotonic() - started
     )
@@ -188,27 +211,19 @@ async def _shutdown(ctx: WorkerContext) -> None:
     for task in runtime.tasks:
         task.cancel()
     await asyncio.gather(*runtime.tasks, return_exceptions=True)
-    with contextlib.suppress(RedisError):
-        await registry.deregister(runtime.redis, runtime.info.worker_id)
+    await runtime.presence.withdraw()
     runtime.driver.close()
+    if runtime.metrics_server is not None:
+        runtime.metrics_server.close()
     await runtime.redis.aclose()
-    logger.info("worker %s stopped", runtime.info.worker_id)
+    logger.info("worker %s stopped", runtime.presence.info.worker_id)
 
 
-async def _heartbeat_while_alive(
-    redis: Redis, info: registry.WorkerInfo, interval_s: float, driver_task: asyncio.Task[None]
-) -> None:
-    """Heartbeat only while the engine loop runs: a worker that cannot generate must not look live."""
-    while not driver_task.done():
-        await asyncio.sleep(interval_s)
-        try:
-            await registry.heartbeat(redis, info)
-        except RedisError as error:
-            logger.warning("heartbeat failed: %s", error)
-    if not driver_task.cancelled() and driver_task.exception() is not None:
-        logger.critical("the engine loop died; deregistering", exc_info=driver_task.exception())
-    with contextlib.suppress(RedisError):
-        await registry.deregister(redis, info.worker_id)
+def _start_draining(ctx: dict[str, Any]) -> None:
+    runtime = ctx.get("runtime")
+    if isinstance(runtime, Runtime):
+        task = asyncio.get_running_loop().create_task(runtime.presence.start_draining())
+        runtime.tasks.append(task)
 
 
 def run_worker(settings: WorkerSettings) -> None:

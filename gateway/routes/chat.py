@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from functools import partial
 
 from fastapi import APIRouter, Request
 from sse_starlette import EventSourceResponse
 
-from gateway import sse, translate
-from gateway.deps import DispatcherDep, JsonBody, RequestIdDep
+from gateway import responses, resume, sse, translate
+from gateway.admission import AdmitterDep
+from gateway.deps import DispatcherDep, JsonBody, PrincipalDep, RequestIdDep, get_state
 from gateway.openai_schema import ChatCompletion, ChatCompletionRequest
 
 router = APIRouter(tags=["openai"])
@@ -17,15 +17,26 @@ router = APIRouter(tags=["openai"])
 
 @router.post("/v1/chat/completions", response_model=ChatCompletion, dependencies=[JsonBody])
 async def create_chat_completion(
-    body: ChatCompletionRequest, dispatcher: DispatcherDep, request_id: RequestIdDep, request: Request
+    body: ChatCompletionRequest,
+    dispatcher: DispatcherDep,
+    request_id: RequestIdDep,
+    admitter: AdmitterDep,
+    principal: PrincipalDep,
+    request: Request,
 ) -> ChatCompletion | EventSourceResponse:
     """Generate the assistant's next message; streamed as chat.completion.chunk events if asked."""
     created_at = time.time()
-    job = translate.chat_job(body, request_id, created_at)
+    translate.check_choice_count(body, get_state(request).max_choices)
+    job = await admitter.admit(translate.chat_job(body, request_id, created_at))
     meta = translate.chat_meta(body, request_id, created_at)
     if not body.stream:
-        return translate.chat_completion(meta, await dispatcher.complete(job, request.receive))
+        return responses.chat_completion(meta, await dispatcher.complete(job, request.receive))
+    state = get_state(request)
+    await resume.save_view(state.pool, request_id, "chat", meta, principal.tenant)
     admission = await dispatcher.start(job, request.receive)
     return sse.event_stream(
-        admission.accepted, dispatcher.relay(admission), partial(translate.chat_chunks, meta)
+        admission.accepted,
+        dispatcher.relay(admission),
+        responses.ChatStream(meta).chunks,
+        drain_grace_s=state.drain_grace_s,
     )

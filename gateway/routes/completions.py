@@ -1,15 +1,16 @@
-"""Owns POST /v1/completions: translate, dispatch, answer as JSON or SSE."""
+"""Owns POST /v1/completions: translate, dispatch (one job per prompt), answer as JSON or SSE."""
 
 from __future__ import annotations
 
 import time
-from functools import partial
 
 from fastapi import APIRouter, Request
 from sse_starlette import EventSourceResponse
 
-from gateway import sse, translate
-from gateway.deps import DispatcherDep, JsonBody, RequestIdDep
+from gateway import fanout, responses, resume, sse, translate
+from gateway.admission import AdmitterDep
+from gateway.deps import DispatcherDep, JsonBody, PrincipalDep, RequestIdDep, get_state
+from gateway.dispatch import unless_disconnected
 from gateway.openai_schema import Completion, CompletionRequest
 
 router = APIRouter(tags=["openai"])
@@ -17,15 +18,28 @@ router = APIRouter(tags=["openai"])
 
 @router.post("/v1/completions", response_model=Completion, dependencies=[JsonBody])
 async def create_completion(
-    body: CompletionRequest, dispatcher: DispatcherDep, request_id: RequestIdDep, request: Request
+    body: CompletionRequest,
+    dispatcher: DispatcherDep,
+    request_id: RequestIdDep,
+    admitter: AdmitterDep,
+    principal: PrincipalDep,
+    request: Request,
 ) -> Completion | EventSourceResponse:
     """Continue a raw prompt (no chat template); streamed as text_completion chunks if asked."""
     created_at = time.time()
-    job = translate.completion_job(body, request_id, created_at)
+    translate.check_choice_count(body, get_state(request).max_choices)
+    jobs = [await admitter.admit(job) for job in translate.completion_jobs(body, request_id, created_at)]
     meta = translate.completion_meta(body, request_id, created_at)
     if not body.stream:
-        return translate.text_completion(meta, await dispatcher.complete(job, request.receive))
-    admission = await dispatcher.start(job, request.receive)
+        results = await unless_disconnected(fanout.collect_all(dispatcher, jobs), request.receive)
+        return responses.text_completion(meta, results)
+    state = get_state(request)
+    if len(jobs) == 1:  # a stream merged from several prompts' streams cannot be resumed by one id
+        await resume.save_view(state.pool, request_id, "completion", meta, principal.tenant)
+    admissions = await unless_disconnected(fanout.admit_all(dispatcher, jobs), request.receive)
     return sse.event_stream(
-        admission.accepted, dispatcher.relay(admission), partial(translate.completion_chunks, meta)
+        admissions[0].accepted,
+        fanout.relay_all(dispatcher, admissions, meta.n),
+        responses.CompletionStream(meta).chunks,
+        drain_grace_s=state.drain_grace_s,
     )

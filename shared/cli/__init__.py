@@ -50,6 +50,12 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, options.Flags]]:
     from shared.cli.client import add_client_commands
 
     add_client_commands(commands)
+    from shared.cli.status import add_status_command
+
+    add_status_command(commands)
+    from shared.cli.keys import add_key_commands
+
+    add_key_commands(commands)
     return parser, flags
 
 
@@ -75,28 +81,31 @@ def _run_gateway(values: dict[str, object]) -> None:
     from shared.settings import GatewaySettings
 
     settings = GatewaySettings(**values)  # type: ignore[arg-type]
-    configure_logging(settings.log_level, settings.log_format)
+    configure_logging(settings.log_level, settings.log_format, process="gateway")
     uvicorn.run(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         log_config=None,  # keep our handlers and request-id filter
-        timeout_graceful_shutdown=10,
+        # Open streams get the drain grace (sse-starlette's), then a little for the rest to close.
+        timeout_graceful_shutdown=int(settings.drain_grace_s) + 5,
     )
 
 
 def _run_worker(values: dict[str, object]) -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
+    from shared.jobqueue import redacted_url
     from shared.settings import WorkerSettings
     from worker.main import run_worker
     from worker.model_source import ModelLoadError
 
     settings = WorkerSettings(**values)  # type: ignore[arg-type]
-    configure_logging(settings.log_level, settings.log_format)
+    worker_id = {"worker_id": settings.worker_id} if settings.worker_id else {}
+    configure_logging(settings.log_level, settings.log_format, process="worker", **worker_id)
     try:
         run_worker(settings)
     except RedisConnectionError as error:
-        sys.exit(f"tokenferry worker: cannot reach Redis at {settings.redis_url}: {error}")
+        sys.exit(f"tokenferry worker: cannot reach Redis at {redacted_url(settings.redis_url)}: {error}")
     except ModelLoadError as error:
         sys.exit(f"tokenferry worker: {error}")

@@ -46,7 +46,7 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> Flags:
             dest="api_keys",
             action="append",
             metavar="KEY",
-            help="accepted Bearer key (repeatable)",
+            help="accepted Bearer key (repeatable; KEY or sha256:HEX)",
         ),
         add(
             "--request-timeout",
@@ -56,6 +56,28 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> Flags:
             help="queue wait + generation",
         ),
         add("--max-body-bytes", type=int, metavar="N"),
+        add(
+            "--admin-api-key",
+            dest="admin_api_keys",
+            action="append",
+            metavar="KEY",
+            help="accepted Bearer key that may also use /admin (repeatable; KEY or sha256:HEX)",
+        ),
+        add("--rate-limit-rpm", type=int, metavar="N", help="default requests per minute per key"),
+        add("--rate-limit-tpm", type=int, metavar="N", help="default tokens per minute per key"),
+        add("--max-tokens-limit", type=int, metavar="N", help="largest max_tokens a request may ask"),
+        add(
+            "--cors-allow-origin",
+            dest="cors_allow_origins",
+            action="append",
+            metavar="ORIGIN",
+            help="turn CORS on for this browser origin (repeatable; * for any)",
+        ),
+        add(
+            "--metrics-require-key",
+            action=argparse.BooleanOptionalAction,
+            help="GET /metrics needs an API key (default: open to scrapers)",
+        ),
     ]
 
 
@@ -83,6 +105,8 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> Flags:
         add("--trust-remote-code", action=argparse.BooleanOptionalAction),
         add("--cache-dir", type=Path, help="where converted GGUF models are kept"),
         add("--poll-delay", dest="poll_delay_s", type=float, metavar="S", help="queue poll interval"),
+        add("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics here (default: off)"),
+        add("--metrics-host", metavar="ADDR", help="address of the metrics port (default 127.0.0.1)"),
     ]
 
 

@@ -39,6 +39,17 @@ def test_seeded_sampling_is_the_same_whatever_shares_the_batch(model: LlamaForCa
     assert run_to_end(batched_engine(model), [*others, seeded])["s"] == alone
 
 
+def test_stats_report_the_padded_cache_reservation_against_the_budget(model: LlamaForCausalLM) -> None:
+    engine = batched_engine(model, max_batch_tokens=1000)
+    engine.add(request("a", PROMPTS["a"], max_new_tokens=12))  # reaches 3 + 12 positions
+    engine.add(request("b", PROMPTS["b"], max_new_tokens=12))  # reaches 9 + 12
+    engine.step()
+    stats = engine.stats()
+    assert (stats.running, stats.waiting) == (2, 0)
+    assert stats.kv_reserved_tokens == 2 * 21  # rows x the longest final length
+    assert stats.kv_capacity_tokens == 1000
+
+
 def test_a_request_joining_mid_flight_starts_within_one_step(model: LlamaForCausalLM) -> None:
     engine = batched_engine(model)
     engine.add(request("early", PROMPTS["b"], max_new_tokens=50))

@@ -8,7 +8,7 @@ import pytest
 
 from shared.protocol import FinishReason
 from tests.engines import batched_engine, request, run_to_end, tiny_llama
-from worker.engine import Engine
+from worker.engine import Engine, EngineStats
 from worker.engine.fake import FakeEngine
 
 EngineFactory = Callable[[], Engine]
@@ -53,6 +53,18 @@ def test_no_updates_after_finish_or_abort(make_engine: EngineFactory) -> None:
     assert "waits" not in seen
     assert seen.count("gone") <= 1
     assert not engine.has_unfinished()
+
+
+def test_stats_count_waiting_then_running_then_nothing(make_engine: EngineFactory) -> None:
+    engine = make_engine()
+    engine.add(request("r", [1, 2], max_new_tokens=3))
+    assert (engine.stats().running, engine.stats().waiting) == (0, 1)
+    engine.step()
+    assert (engine.stats().running, engine.stats().waiting) == (1, 0)
+    while engine.has_unfinished():
+        engine.step()
+    idle = engine.stats()
+    assert idle == EngineStats(running=0, waiting=0, kv_capacity_tokens=idle.kv_capacity_tokens)
 
 
 def test_close_forgets_everything(make_engine: EngineFactory) -> None:

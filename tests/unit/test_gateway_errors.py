@@ -13,8 +13,7 @@ from dirty_equals import IsStr
 from fastapi import FastAPI
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.app import create_app
-from gateway.deps import GatewayState
+from gateway.app import build_state, create_app
 from gateway.dispatch import Dispatcher
 from gateway.errors import error_response, to_domain_error
 from shared.errors import ContextLengthExceeded, Overloaded, TokenferryError, error_from_info
@@ -34,7 +33,7 @@ def build_app(**settings: Any) -> FastAPI:
     """The real app with a stand-in state: these requests fail before anything touches Redis."""
     app = create_app(GatewaySettings(**settings))
     pool = cast(ArqRedis, fakeredis.FakeAsyncRedis())
-    app.state.gateway = GatewayState(pool=pool, dispatcher=Dispatcher(pool, timeout_s=1.0))
+    app.state.gateway = build_state(GatewaySettings(**settings), pool, Dispatcher(pool, timeout_s=1.0))
     return app
 
 
@@ -174,9 +173,9 @@ async def test_api_keys_guard_every_route_but_health() -> None:
         health = await client.get("/health")
         right = await client.post(CHAT, json={"model": "m"}, headers={"authorization": "Bearer k2"})
 
-    unauthorized = error("Incorrect API key provided.", code="invalid_api_key")
-    assert (missing.status_code, missing.json()) == (401, unauthorized)
-    assert (wrong.status_code, wrong.json()) == (401, unauthorized)
+    no_key = error(IsStr(regex=r"You didn't provide an API key\..*Bearer.*"), code="invalid_api_key")
+    assert (missing.status_code, missing.json()) == (401, no_key)
+    assert (wrong.status_code, wrong.json()) == (401, error("Incorrect API key provided.", code="invalid_api_key"))
     assert health.status_code == 200
     assert right.status_code == 400  # past the guard, stopped by validation
 

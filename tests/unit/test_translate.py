@@ -7,12 +7,13 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway import translate
+from gateway import responses, translate
 from gateway.openai_schema import ChatCompletionRequest, CompletionRequest
 from shared.errors import WorkerFailed
 from shared.protocol import (
     Accepted,
     ChatMessage,
+    ChoiceFinished,
     ChatPrompt,
     Delta,
     Finished,
@@ -44,8 +45,9 @@ def events(
 ) -> list[TokenEvent]:
     accepted = Accepted(prompt_tokens=4, worker_id="w1", prompt_text=prompt_text)
     deltas = [Delta(text=text, token_ids=[index]) for index, text in enumerate(texts)]
+    choice_finished = ChoiceFinished(index=0, finish_reason=reason, completion_tokens=len(texts))
     finished = Finished(finish_reason=reason, usage=Usage(prompt_tokens=4, completion_tokens=len(texts)))
-    return [accepted, *deltas, finished]
+    return [accepted, *deltas, choice_finished, finished]
 
 
 # Requests -> jobs
@@ -162,13 +164,13 @@ def test_text_content_parts_are_joined() -> None:
     ],
 )
 def test_every_prompt_form_becomes_text_or_tokens(prompt: Any, expected: Any) -> None:
-    job = translate.completion_job(completion_request(prompt=prompt), REQUEST_ID, CREATED_AT)
+    job = translate.completion_jobs(completion_request(prompt=prompt), REQUEST_ID, CREATED_AT)[0]
 
     assert job.prompt == expected
 
 
 def test_completion_job_carries_echo_and_leaves_max_tokens_to_the_worker() -> None:
-    job = translate.completion_job(completion_request(echo=True), REQUEST_ID, CREATED_AT)
+    job = translate.completion_jobs(completion_request(echo=True), REQUEST_ID, CREATED_AT)[0]
 
     assert job.echo is True
     assert job.sampling.max_tokens is None
@@ -183,11 +185,12 @@ def test_unknown_fields_are_ignored() -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 2}, "n"),
+        ({"n": 0}, "n"),
+        ({"n": 129}, "n"),
         ({"tools": [{"type": "function"}]}, "tools"),
         ({"tool_choice": "auto"}, "tool_choice"),
-        ({"logprobs": True}, "logprobs"),
-        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"top_logprobs": 21}, "top_logprobs"),
+        ({"top_logprobs": -1}, "top_logprobs"),
         ({"logit_bias": {"one": 5}}, "logit_bias"),
         ({"logit_bias": {"1": 101}}, "logit_bias"),
         ({"response_format": {"type": "json_object"}}, "response_format.type"),
@@ -215,7 +218,7 @@ def test_accepted_defaults_of_refused_features_pass() -> None:
     assert translate.chat_job(request, REQUEST_ID, CREATED_AT).model == "m"
 
 
-@pytest.mark.parametrize("prompt", [["a", "b"], [[1], [2]], [], [-1], [True]])
+@pytest.mark.parametrize("prompt", [[], [-1], [True], [[]], [["a"]], ["a", 1], [[1], [-2]], ["x"] * 65])
 def test_unusable_prompts_are_refused(prompt: Any) -> None:
     with pytest.raises(ValidationError) as caught:
         completion_request(prompt=prompt)
@@ -229,7 +232,7 @@ def test_unusable_prompts_are_refused(prompt: Any) -> None:
 def test_events_fold_into_a_chat_completion() -> None:
     meta = translate.chat_meta(chat_request(), REQUEST_ID, CREATED_AT)
 
-    completion = translate.chat_completion(meta, events("Hel", "lo"))
+    completion = responses.chat_completion(meta, events("Hel", "lo"))
 
     assert completion.model_dump(mode="json") == {
         "id": f"chatcmpl-{REQUEST_ID}",
@@ -251,8 +254,8 @@ def test_events_fold_into_a_chat_completion() -> None:
 def test_events_fold_into_a_text_completion_with_echo() -> None:
     meta = translate.completion_meta(completion_request(echo=True), REQUEST_ID, CREATED_AT)
 
-    completion = translate.text_completion(
-        meta, events(" upon", reason=FinishReason.LENGTH, prompt_text="Once")
+    completion = responses.text_completion(
+        meta, [events(" upon", reason=FinishReason.LENGTH, prompt_text="Once")]
     )
 
     assert completion.model_dump(mode="json") == {
@@ -269,7 +272,7 @@ def test_events_without_finished_are_a_worker_failure() -> None:
     meta = translate.chat_meta(chat_request(), REQUEST_ID, CREATED_AT)
 
     with pytest.raises(WorkerFailed):
-        translate.chat_completion(meta, events("x")[:-1])
+        responses.chat_completion(meta, events("x")[:-1])
 
 
 def chat_chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -288,13 +291,9 @@ def chunk_choice(delta: dict[str, Any], finish_reason: str | None = None) -> dic
 
 
 def test_chat_events_become_openai_chunks_without_usage_by_default() -> None:
-    meta = translate.chat_meta(chat_request(stream=True), REQUEST_ID, CREATED_AT)
+    stream = responses.ChatStream(translate.chat_meta(chat_request(stream=True), REQUEST_ID, CREATED_AT))
 
-    chunks = [
-        chunk.model_dump(mode="json")
-        for event in events("Hi", "")
-        for chunk in translate.chat_chunks(meta, event)
-    ]
+    chunks = [chunk.model_dump(mode="json") for event in events("Hi", "") for chunk in stream.chunks(event)]
 
     assert chunks == [
         chat_chunk([chunk_choice({"role": "assistant", "content": ""})]),
@@ -305,13 +304,9 @@ def test_chat_events_become_openai_chunks_without_usage_by_default() -> None:
 
 def test_include_usage_adds_null_usage_and_a_final_usage_chunk() -> None:
     request = chat_request(stream=True, stream_options={"include_usage": True})
-    meta = translate.chat_meta(request, REQUEST_ID, CREATED_AT)
+    stream = responses.ChatStream(translate.chat_meta(request, REQUEST_ID, CREATED_AT))
 
-    chunks = [
-        chunk.model_dump(mode="json")
-        for event in events("Hi")
-        for chunk in translate.chat_chunks(meta, event)
-    ]
+    chunks = [chunk.model_dump(mode="json") for event in events("Hi") for chunk in stream.chunks(event)]
 
     assert chunks == [
         chat_chunk([chunk_choice({"role": "assistant", "content": ""})], usage=None),
@@ -323,12 +318,12 @@ def test_include_usage_adds_null_usage_and_a_final_usage_chunk() -> None:
 
 def test_completion_events_become_text_chunks_with_the_echo_first() -> None:
     request = completion_request(stream=True, echo=True, stream_options={"include_usage": True})
-    meta = translate.completion_meta(request, REQUEST_ID, CREATED_AT)
+    stream = responses.CompletionStream(translate.completion_meta(request, REQUEST_ID, CREATED_AT))
 
     chunks = [
         chunk.model_dump(mode="json")
         for event in events(" upon", prompt_text="Once")
-        for chunk in translate.completion_chunks(meta, event)
+        for chunk in stream.chunks(event)
     ]
 
     def text_chunk(choices: list[dict[str, Any]], usage: Any = None) -> dict[str, Any]:
@@ -355,7 +350,7 @@ def test_completion_events_become_text_chunks_with_the_echo_first() -> None:
 def test_usage_is_omitted_from_chunk_json_unless_asked_for() -> None:
     meta = translate.completion_meta(completion_request(stream=True), REQUEST_ID, CREATED_AT)
 
-    (chunk,) = translate.completion_chunks(meta, Delta(text="x", token_ids=[1]))
+    (chunk,) = responses.CompletionStream(meta).chunks(Delta(text="x", token_ids=[1]))
 
     assert "usage" not in chunk.model_dump_json()
 

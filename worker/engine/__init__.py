@@ -47,6 +47,28 @@ class EngineRequest:
     max_new_tokens: int
     # Tokens that end the sequence with finish_reason "stop"; empty under ignore_eos.
     eos_token_ids: frozenset[int]
+    # None: no logprobs; 0: the chosen token's only; k: plus the k most likely tokens.
+    logprobs: int | None = None
+    # The same for every prompt token (needs the prefill's logits at all positions).
+    prompt_logprobs: int | None = None
+    # How many of ``prompt_token_ids``' last tokens this request generated in an earlier run
+    # that died (a takeover): they count as output for max/min tokens and penalties.
+    resumed_tokens: int = 0
+
+
+def output_start(request: EngineRequest) -> int:
+    """Where the request's own output begins in its token ids (after the prompt proper)."""
+    return len(request.prompt_token_ids) - request.resumed_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class TokenScore:
+    """A token's log-probability under the model's raw distribution (log-softmax of the logits,
+    before penalties, biases and warpers: vLLM's default), with the top alternatives when asked."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,10 +78,24 @@ class SequenceUpdate:
     request_id: str
     new_token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
+    # One score per new token, when the request asked for logprobs.
+    logprobs: tuple[TokenScore, ...] | None = None
+    # On the sequence's first update, when asked: one per prompt token, None for the first.
+    prompt_logprobs: tuple[TokenScore | None, ...] | None = None
 
     @property
     def is_finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    """What an engine holds between two steps, for metrics (read on the driver's thread)."""
+
+    running: int  # sequences in the batch, prefilling ones included
+    waiting: int  # added, not admitted yet
+    kv_reserved_tokens: int = 0  # cache positions the running sequences may reach
+    kv_capacity_tokens: int = 0  # the budget they are admitted against; 0: none (no shared cache)
 
 
 class Engine(Protocol):
@@ -74,6 +110,9 @@ class Engine(Protocol):
 
     def has_unfinished(self) -> bool:
         """Whether any added request is still waiting or running."""
+
+    def stats(self) -> EngineStats:
+        """Counts of running and waiting sequences and the cache they reserve; cheap, read-only."""
 
     def close(self) -> None:
         """Release model memory."""

@@ -20,6 +20,9 @@ EOS counts towards ``max_new_tokens`` and is reported in ``new_token_ids``);
 otherwise reaching ``max_new_tokens`` finishes it with "length". One token per
 running sequence per step; at most ``max_batch_size`` run, the rest wait in FIFO
 order and join as slots free up. Like every engine it is driven from one thread.
+
+Logprobs are made up but deterministic and shaped like a model's: the chosen token
+is always the most likely one (``fake_score``), alternatives follow it one nat apart.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.protocol import ChatMessage, FinishReason
-from worker.engine import EngineRequest, SequenceUpdate
+from worker.engine import EngineRequest, EngineStats, SequenceUpdate, TokenScore, output_start
 
 BYTE_VOCAB_SIZE = 256
 EOS_TOKEN_ID = 256
@@ -82,7 +85,9 @@ class FakeEngine:
             raise ValueError(f"request {request.request_id!r} is already in the engine")
         if request.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
-        self._waiting[request.request_id] = _Sequence(request, self._start_offset(request))
+        self._waiting[request.request_id] = _Sequence(
+            request, self._start_offset(request), generated=request.resumed_tokens
+        )
 
     def abort(self, request_id: str) -> None:
         self._waiting.pop(request_id, None)
@@ -103,6 +108,9 @@ class FakeEngine:
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running)
 
+    def stats(self) -> EngineStats:
+        return EngineStats(running=len(self._running), waiting=len(self._waiting))  # no KV cache
+
     def close(self) -> None:
         self._waiting.clear()
         self._running.clear()
@@ -118,12 +126,13 @@ class FakeEngine:
         if request.sampling.seed is not None:
             key = str(request.sampling.seed).encode()
         else:
-            key = ",".join(map(str, request.prompt_token_ids)).encode()
+            key = ",".join(map(str, request.prompt_token_ids[: output_start(request)])).encode()
         return zlib.crc32(key) % len(self._script)
 
     def _advance(self, sequence: _Sequence) -> SequenceUpdate:
         request = sequence.request
         token_id = self._next_token(sequence)
+        is_first = sequence.generated == 0
         sequence.generated += 1
         if token_id in request.eos_token_ids:
             finish_reason: FinishReason | None = FinishReason.STOP
@@ -131,7 +140,13 @@ class FakeEngine:
             finish_reason = FinishReason.LENGTH
         else:
             finish_reason = None
-        return SequenceUpdate(request.request_id, (token_id,), finish_reason)
+        return SequenceUpdate(
+            request.request_id,
+            (token_id,),
+            finish_reason,
+            logprobs=None if request.logprobs is None else (fake_score(token_id, request.logprobs),),
+            prompt_logprobs=_fake_prompt_scores(request) if is_first else None,
+        )
 
     def _next_token(self, sequence: _Sequence) -> int:
         request = sequence.request
@@ -140,3 +155,19 @@ class FakeEngine:
             # Prefer the fake's own EOS; a request naming other EOS ids still gets one of its own.
             return EOS_TOKEN_ID if EOS_TOKEN_ID in request.eos_token_ids else min(request.eos_token_ids)
         return self._script[(sequence.offset + sequence.generated) % len(self._script)]
+
+
+def fake_score(token_id: int, top: int) -> TokenScore:
+    """The fake's logprob of ``token_id`` (always the most likely token) and ``top`` alternatives."""
+    logprob = -0.1 * (1 + token_id % 5)
+    alternatives = [(token_id, logprob)] + [
+        ((token_id + rank) % BYTE_VOCAB_SIZE, logprob - rank) for rank in range(1, top)
+    ]
+    return TokenScore(token_id, logprob, tuple(alternatives[:top]))
+
+
+def _fake_prompt_scores(request: EngineRequest) -> tuple[TokenScore | None, ...] | None:
+    if request.prompt_logprobs is None:
+        return None
+    rest = (fake_score(token_id, request.prompt_logprobs) for token_id in request.prompt_token_ids[1:])
+    return (None, *rest)

@@ -8,8 +8,11 @@ A step is schedule, execute, update (vLLM V1's shape):
      whose last chunk ran samples its first token and its cache joins the batch;
   4. rows that finished leave the cache (``kv_cache.py``).
 Decoding runs before prefill so a burst of new prompts costs the running streams
-at most one prefill chunk per step. Requests the batch cannot honour (beam
-search) run alone through ``model.generate`` (``sequential.run_beam_search``).
+at most one prefill chunk per step. Logprobs are scored from the same logits the
+step samples from (``sampling.score_tokens``); a prompt whose logprobs were asked
+keeps its prefill's logits at every position instead of the last one only.
+Requests the batch cannot honour (beam search) run alone through
+``model.generate`` (``sequential.run_beam_search``).
 """
 
 from __future__ import annotations
@@ -20,10 +23,10 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
 from shared.protocol import FinishReason
-from worker.engine import EngineRequest, SequenceUpdate
+from worker.engine import EngineRequest, EngineStats, SequenceUpdate, TokenScore, output_start
 from worker.engine.kv_cache import PaddedKVCache
-from worker.engine.sampling import build_processors, choose_token, make_generator
-from worker.engine.scheduler import BatchLimits, PrefillChunk, Scheduler, final_length
+from worker.engine.sampling import build_processors, choose_token, make_generator, score_tokens, trim_score
+from worker.engine.scheduler import BatchLimits, PrefillChunk, Scheduler, final_length, reserved_tokens
 from worker.engine.sequential import run_beam_search
 
 
@@ -36,6 +39,7 @@ class _Sequence:
     generated: int = 0
     prefilled: int = 0
     prefill_cache: DynamicCache | None = field(default=None, repr=False)
+    prompt_scores: list[TokenScore] = field(default_factory=list, repr=False)
 
     @property
     def request_id(self) -> str:
@@ -46,7 +50,12 @@ class _Sequence:
         """Whether sampling must see the token history (penalties, n-grams, min length)."""
         return len(self.processors) > 0
 
-    def accept(self, token: int) -> SequenceUpdate:
+    @property
+    def wants_prompt_scores(self) -> bool:
+        return self.request.prompt_logprobs is not None
+
+    def accept(self, token: int, score: TokenScore | None) -> SequenceUpdate:
+        is_first = self.generated == 0
         self.token_ids.append(token)
         self.generated += 1
         reason = None
@@ -54,7 +63,20 @@ class _Sequence:
             reason = FinishReason.STOP
         elif self.generated >= self.request.max_new_tokens:
             reason = FinishReason.LENGTH
-        return SequenceUpdate(self.request_id, (token,), reason)
+        prompt_logprobs = (None, *self.prompt_scores) if is_first and self.wants_prompt_scores else None
+        return SequenceUpdate(
+            self.request_id,
+            (token,),
+            reason,
+            logprobs=None if score is None else (score,),
+            prompt_logprobs=prompt_logprobs,
+        )
+
+    def score_prompt(self, logits: torch.Tensor, start: int) -> None:
+        """Score the prompt tokens that ``logits`` (positions ``start``..) predict."""
+        prompt = self.request.prompt_token_ids
+        targets = prompt[start + 1 : start + 1 + logits.shape[0]]
+        self.prompt_scores += score_tokens(logits[: len(targets)], targets, self.request.prompt_logprobs or 0)
 
 
 class TransformersEngine:
@@ -79,6 +101,15 @@ class TransformersEngine:
     def has_unfinished(self) -> bool:
         return bool(self._scheduler.waiting or self._prefilling or self._rows)
 
+    def stats(self) -> EngineStats:
+        admitted = [*self._rows, *self._prefilling.values()]
+        return EngineStats(
+            running=len(admitted),
+            waiting=len(self._scheduler.waiting),
+            kv_reserved_tokens=reserved_tokens([final_length(sequence.request) for sequence in admitted]),
+            kv_capacity_tokens=self._scheduler.limits.max_batch_tokens,
+        )
+
     def close(self) -> None:
         self._scheduler.waiting.clear()
         self._prefilling.clear()
@@ -101,11 +132,10 @@ class TransformersEngine:
                 continue
             self._prefilling[request.request_id] = _Sequence(
                 request=request,
-                processors=build_processors(
-                    request.sampling, len(request.prompt_token_ids), request.eos_token_ids
-                ),
+                processors=build_processors(request.sampling, output_start(request), request.eos_token_ids),
                 generator=make_generator(request.sampling, self._device),
                 token_ids=list(request.prompt_token_ids),
+                generated=request.resumed_tokens,
             )
         return updates
 
@@ -144,16 +174,20 @@ class TransformersEngine:
         rows = [[0] * (length - len(prompt)) + list(prompt) for prompt in prompts]
         mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in prompts], device=self._device)
         cache = DynamicCache(config=self._model.config)
+        keep_all = any(sequence.wants_prompt_scores for sequence in sequences)
         output = self._model(
             input_ids=torch.tensor(rows, device=self._device),
             attention_mask=mask,
             position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0),
             past_key_values=cache,
             use_cache=True,
-            logits_to_keep=1,  # only the last position is sampled; skip the rest of the LM head
+            # Only the last position is sampled: skip the rest of the LM head unless prompt logprobs need it.
+            logits_to_keep=0 if keep_all else 1,
         )
-        for sequence in sequences:
+        for row, sequence in enumerate(sequences):
             sequence.prefilled = len(sequence.request.prompt_token_ids)
+            if sequence.wants_prompt_scores:
+                sequence.score_prompt(output.logits[row, length - sequence.prefilled :], 0)
         self._join_batch(sequences, PaddedKVCache(cache, mask))
         return self._sample_rows(sequences, output.logits[:, -1, :])
 
@@ -167,9 +201,12 @@ class TransformersEngine:
             position_ids=torch.arange(chunk.start, chunk.stop, device=self._device).unsqueeze(0),
             past_key_values=sequence.prefill_cache,
             use_cache=True,
-            logits_to_keep=1,  # only the last position is sampled; skip the rest of the LM head
+            # Only the last position is sampled: skip the rest of the LM head unless prompt logprobs need it.
+            logits_to_keep=0 if sequence.wants_prompt_scores else 1,
         )
         sequence.prefilled = chunk.stop
+        if sequence.wants_prompt_scores:
+            sequence.score_prompt(output.logits[0], chunk.start)
         if not chunk.is_last:
             return []
         del self._prefilling[sequence.request_id]
@@ -188,15 +225,18 @@ class TransformersEngine:
 
     def _sample_rows(self, rows: list[_Sequence], logits: torch.Tensor) -> list[SequenceUpdate]:
         greedy = logits.argmax(dim=-1).tolist()
-        updates = []
+        tokens = []
         for index, row in enumerate(rows):
             if row.generator is None and not row.needs_context:
-                token = int(greedy[index])
+                tokens.append(int(greedy[index]))
             else:
                 history = torch.tensor([row.token_ids], device=self._device)
-                token = choose_token(logits[index : index + 1], history, row.processors, row.generator)  # type: ignore[arg-type]
-            updates.append(row.accept(token))
-        return updates
+                tokens.append(choose_token(logits[index : index + 1], history, row.processors, row.generator))  # type: ignore[arg-type]
+        scores = _score_rows(rows, logits, tokens)
+        return [
+            row.accept(token, scores.get(index))
+            for index, (row, token) in enumerate(zip(rows, tokens, strict=True))
+        ]
 
     def _drop_rows(self, request_ids: set[str]) -> None:
         keep = [index for index, row in enumerate(self._rows) if row.request_id not in request_ids]
@@ -207,3 +247,16 @@ class TransformersEngine:
             self._kv = None
         elif self._kv is not None:
             self._kv.keep(keep)
+
+
+def _score_rows(rows: list[_Sequence], logits: torch.Tensor, tokens: list[int]) -> dict[int, TokenScore]:
+    """Scores of the sampled tokens of the rows that asked for logprobs, by row index."""
+    wanted = [index for index, row in enumerate(rows) if row.request.logprobs is not None]
+    if not wanted:
+        return {}
+    top = max(rows[index].request.logprobs or 0 for index in wanted)
+    scores = score_tokens(logits[wanted], [tokens[index] for index in wanted], top)
+    return {
+        index: trim_score(score, rows[index].request.logprobs or 0)
+        for index, score in zip(wanted, scores, strict=True)
+    }

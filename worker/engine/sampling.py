@@ -1,12 +1,17 @@
-"""Owns per-sequence logits processing and seeded sampling on top of transformers' processors.
+"""Owns per-sequence logits processing, seeded sampling and token scoring on top of transformers' processors.
 
 Each sequence carries its own processor list and its own ``torch.Generator``, so a
 seeded request draws the same tokens whatever else shares the worker.
+
+Logprobs are scored on the raw logits (log-softmax before penalties, biases and
+warpers), as vLLM does by default: they say what the model thinks, whatever the
+sampling settings, and greedy's choice is always the top-1 alternative.
 """
 
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 
 import torch
 from transformers import (
@@ -22,7 +27,7 @@ from transformers import (
     TypicalLogitsWarper,
 )
 
-from worker.engine import SamplingParams
+from worker.engine import SamplingParams, TokenScore
 
 
 class OpenAIPenaltyProcessor(LogitsProcessor):
@@ -115,3 +120,31 @@ def choose_token(
         return int(scores.argmax(dim=-1).item())
     probabilities = torch.softmax(scores, dim=-1)
     return int(torch.multinomial(probabilities, num_samples=1, generator=generator).item())
+
+
+def score_tokens(logits: torch.Tensor, chosen: Sequence[int], top: int) -> list[TokenScore]:
+    """Score ``chosen[i]`` under row i of raw ``logits`` ([rows, vocab]), with ``top`` alternatives.
+
+    The top-k costs a partial sort of the vocabulary per row, so it runs only when asked.
+    """
+    if not chosen:
+        return []
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen_ids = torch.tensor(list(chosen), device=logits.device).unsqueeze(1)
+    chosen_logprobs = logprobs.gather(1, chosen_ids).squeeze(1).tolist()
+    alternatives: list[tuple[tuple[int, float], ...]] = [()] * len(chosen)
+    if top > 0:
+        values, ids = logprobs.topk(top, dim=-1)
+        alternatives = [
+            tuple(zip(row_ids, row_values, strict=True))
+            for row_ids, row_values in zip(ids.tolist(), values.tolist(), strict=True)
+        ]
+    return [
+        TokenScore(token, logprob, top_k)
+        for token, logprob, top_k in zip(chosen, chosen_logprobs, alternatives, strict=True)
+    ]
+
+
+def trim_score(score: TokenScore, top: int) -> TokenScore:
+    """``score`` with at most ``top`` alternatives (rows scored together share the largest k)."""
+    return score if len(score.top) <= top else TokenScore(score.token_id, score.logprob, score.top[:top])

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from worker.engine import EngineRequest
+from worker.engine import EngineRequest, output_start
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +44,12 @@ class PrefillChunk:
 
 def final_length(request: EngineRequest) -> int:
     """The most cache positions a request can occupy."""
-    return len(request.prompt_token_ids) + request.max_new_tokens
+    return output_start(request) + request.max_new_tokens
+
+
+def reserved_tokens(final_lengths: list[int]) -> int:
+    """The padded cache rows reaching ``final_lengths`` may grow to: rows x the longest."""
+    return len(final_lengths) * max(final_lengths, default=0)
 
 
 class Scheduler:

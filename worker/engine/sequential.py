@@ -8,7 +8,8 @@ SmolLM2-135M on 2 CPU cores). The batched engine (``hf.py``) is the default; thi
 one serves the cache options the padded batch cannot honour.
 
 Beam search (``num_beams > 1``) runs on a single-request path through
-``model.generate`` and reports all of its tokens in one update.
+``model.generate`` and reports all of its tokens in one update; it reports no
+logprobs (the admission refuses logprobs with beam search).
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, Sta
 from transformers.cache_utils import Cache
 
 from shared.protocol import FinishReason
-from worker.engine import EngineRequest, SequenceUpdate
-from worker.engine.sampling import build_processors, choose_token, make_generator
+from worker.engine import EngineRequest, EngineStats, SequenceUpdate, TokenScore, output_start
+from worker.engine.sampling import build_processors, choose_token, make_generator, score_tokens
+from worker.engine.scheduler import final_length
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +79,11 @@ class SequentialEngine:
     def has_unfinished(self) -> bool:
         return bool(self._waiting or self._running)
 
+    def stats(self) -> EngineStats:
+        # Each sequence has a cache of its own, bounded by the batch size rather than a token budget.
+        reserved = sum(final_length(sequence.request) for sequence in self._running.values())
+        return EngineStats(len(self._running), len(self._waiting), kv_reserved_tokens=reserved)
+
     def close(self) -> None:
         self._waiting.clear()
         self._running.clear()
@@ -96,9 +103,8 @@ class SequentialEngine:
             self._running[request.request_id] = _Sequence(
                 request=request,
                 token_ids=list(request.prompt_token_ids),
-                processors=build_processors(
-                    request.sampling, len(request.prompt_token_ids), request.eos_token_ids
-                ),
+                processors=build_processors(request.sampling, output_start(request), request.eos_token_ids),
+                generated=request.resumed_tokens,
                 generator=make_generator(request.sampling, self._device),
                 pending=list(request.prompt_token_ids),
             )
@@ -106,25 +112,41 @@ class SequentialEngine:
     def _advance(self, sequence: _Sequence) -> SequenceUpdate:
         if sequence.request.sampling.num_beams > 1:
             return self._beam_search(sequence)
-        logits = self._forward(sequence)
+        request = sequence.request
+        # The first forward covers the whole prompt: keep all its logits when prompt logprobs are asked.
+        scores_prompt = sequence.generated == 0 and request.prompt_logprobs is not None
+        all_logits = self._forward(sequence, keep_all=scores_prompt)
+        logits = all_logits[:, -1, :]
         all_ids = torch.tensor([sequence.token_ids], device=self._device)
         token = choose_token(logits, all_ids, sequence.processors, sequence.generator)  # type: ignore[arg-type]
         sequence.token_ids.append(token)
         sequence.pending = [token]
         sequence.generated += 1
-        return SequenceUpdate(sequence.request_id, (token,), _finish_reason(sequence, token))
+        return SequenceUpdate(
+            sequence.request_id,
+            (token,),
+            _finish_reason(sequence, token),
+            logprobs=None
+            if request.logprobs is None
+            else tuple(score_tokens(logits, [token], request.logprobs)),
+            prompt_logprobs=_prompt_scores(request, all_logits[0]) if scores_prompt else None,
+        )
 
-    def _forward(self, sequence: _Sequence) -> torch.Tensor:
+    def _forward(self, sequence: _Sequence, *, keep_all: bool) -> torch.Tensor:
+        """Logits ``[1, positions, vocab]``: the last position only, unless ``keep_all``."""
         if not self._use_cache:
             input_ids = torch.tensor([sequence.token_ids], device=self._device)
-            return self._model(input_ids=input_ids, use_cache=False).logits[:, -1, :]  # type: ignore[no-any-return]
+            return self._model(input_ids=input_ids, use_cache=False).logits  # type: ignore[no-any-return]
         if sequence.cache is None:
             sequence.cache = self._new_cache(sequence.request)
         input_ids = torch.tensor([sequence.pending], device=self._device)
         output = self._model(
-            input_ids=input_ids, past_key_values=sequence.cache, use_cache=True, logits_to_keep=1
+            input_ids=input_ids,
+            past_key_values=sequence.cache,
+            use_cache=True,
+            logits_to_keep=0 if keep_all else 1,
         )
-        return output.logits[:, -1, :]  # type: ignore[no-any-return]
+        return output.logits  # type: ignore[no-any-return]
 
     def _new_cache(self, request: EngineRequest) -> Cache:
         if self._cache_implementation == "static":
@@ -166,6 +188,12 @@ def _beam_options(request: EngineRequest) -> dict[str, Any]:
         "eos_token_id": eos or -1,
         "early_stopping": True,
     }
+
+
+def _prompt_scores(request: EngineRequest, logits: torch.Tensor) -> tuple[TokenScore | None, ...]:
+    """Each prompt token scored by the logits of the position before it (``logits``: [prompt, vocab])."""
+    prompt = request.prompt_token_ids
+    return (None, *score_tokens(logits[: len(prompt) - 1], prompt[1:], request.prompt_logprobs or 0))
 
 
 def _finish_reason(sequence: _Sequence, token: int) -> FinishReason | None:

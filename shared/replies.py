@@ -1,0 +1,46 @@
+"""Owns short request/reply exchanges between gateway and worker (tokenize, detokenize).
+
+The gateway enqueues a job and BLPOPs ``keys.reply(request_id)`` with a timeout;
+the worker RPUSHes one JSON reply and arms its TTL in the same pipeline, so a
+reply nobody collects (its gateway gave up) expires on its own. A list rather
+than a stream: there is exactly one message and one reader, and BLPOP both waits
+for it and deletes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable
+from typing import cast
+
+from pydantic import TypeAdapter, ValidationError
+from redis.asyncio import Redis
+
+from shared import keys
+from shared.errors import Timeout, WorkerFailed
+from shared.protocol import TokenizeReply
+
+_reply_adapter: TypeAdapter[TokenizeReply] = TypeAdapter(TokenizeReply)
+
+
+async def send_reply(redis: Redis, request_id: str, reply: TokenizeReply) -> None:
+    """Store the one reply to ``request_id`` for its gateway to pop."""
+    key = keys.reply(request_id)
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.rpush(key, reply.model_dump_json())
+        pipe.expire(key, keys.REPLY_TTL_S)
+        await pipe.execute()
+
+
+async def await_reply(redis: Redis, request_id: str, timeout_s: float) -> TokenizeReply:
+    """The reply to ``request_id``; ``Timeout`` when no worker answered in ``timeout_s``."""
+    # redis-py types blpop for its sync and async clients at once, with an int timeout
+    # (Redis >= 6 takes fractional seconds).
+    pending = redis.blpop([keys.reply(request_id)], timeout=timeout_s)  # type: ignore[arg-type]
+    popped = await cast("Awaitable[tuple[bytes, bytes] | None]", pending)
+    if popped is None:
+        raise Timeout("no worker answered in time; retry shortly")
+    _key, raw = popped
+    try:
+        return _reply_adapter.validate_json(raw)
+    except ValidationError as error:
+        raise WorkerFailed(f"the worker's reply could not be read: {error}") from error

@@ -1,0 +1,97 @@
+"""Worker metrics: what the driver feeds in comes out in the Prometheus exposition and the heartbeat load."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+from prometheus_client import generate_latest
+
+from shared.protocol import GenerationJob, TextPrompt
+from shared.redis_server import free_port
+from tests.scrape import Scrape
+from worker.engine import EngineStats, SequenceUpdate
+from worker.metrics import WorkerMetrics
+
+
+def _scrape(metrics: WorkerMetrics) -> Scrape:
+    return Scrape.parse(generate_latest(metrics.registry).decode())
+
+
+def _job(created_at: float) -> GenerationJob:
+    return GenerationJob(request_id="r1", model="m", prompt=TextPrompt(text="hi"), created_at=created_at)
+
+
+def test_steps_count_generated_tokens_batch_sizes_and_step_time() -> None:
+    metrics = WorkerMetrics()
+    metrics.observe_step(0.02, [SequenceUpdate("a", (1,)), SequenceUpdate("b", (2, 3))])
+    metrics.observe_step(0.01, [SequenceUpdate("a", (4,)), SequenceUpdate("b", ())])
+    scrape = _scrape(metrics)
+    assert scrape.value("tokenferry_worker_generation_tokens_total") == 4
+    assert scrape.value("tokenferry_worker_step_duration_seconds_count") == 2
+    assert scrape.value("tokenferry_worker_step_duration_seconds_sum") == pytest.approx(0.03)
+    # Sequences that produced a token: 2 in the first step, 1 in the second.
+    assert scrape.value("tokenferry_worker_batch_size_count") == 2
+    assert scrape.value("tokenferry_worker_batch_size_sum") == 3
+    assert scrape.value("tokenferry_worker_batch_size_bucket", le="1.0") == 1
+
+
+def test_engine_occupancy_and_kv_cache_use_are_gauges() -> None:
+    metrics = WorkerMetrics()
+    metrics.observe_engine(EngineStats(running=3, waiting=2, kv_reserved_tokens=300, kv_capacity_tokens=1200))
+    scrape = _scrape(metrics)
+    assert scrape.type_of("tokenferry_worker_running_sequences") == "gauge"
+    assert scrape.value("tokenferry_worker_running_sequences") == 3
+    assert scrape.value("tokenferry_worker_waiting_sequences") == 2
+    assert scrape.value("tokenferry_worker_kv_cache_reserved_tokens") == 300
+    assert scrape.value("tokenferry_worker_kv_cache_usage_ratio") == 0.25
+    metrics.observe_engine(EngineStats(running=0, waiting=0))  # an engine without a shared cache
+    assert _scrape(metrics).value("tokenferry_worker_kv_cache_usage_ratio") == 0
+
+
+def test_admission_counts_prompt_tokens_and_queue_wait_since_creation() -> None:
+    metrics = WorkerMetrics()
+    metrics.observe_admission(_job(created_at=time.time() - 0.5), prompt_tokens=12)
+    metrics.observe_admission(_job(created_at=time.time() + 30), prompt_tokens=3)  # a skewed clock
+    scrape = _scrape(metrics)
+    assert scrape.value("tokenferry_worker_prompt_tokens_total") == 15
+    assert scrape.value("tokenferry_worker_queue_wait_seconds_count") == 2
+    assert 0.5 <= scrape.value("tokenferry_worker_queue_wait_seconds_sum") < 1.5
+
+
+def test_failovers_are_counted() -> None:
+    metrics = WorkerMetrics()
+    metrics.record_failover()
+    assert _scrape(metrics).value("tokenferry_worker_failovers_total") == 1
+
+
+def test_the_heartbeat_load_reports_tokens_per_second_since_the_last_sample() -> None:
+    metrics = WorkerMetrics()
+    metrics.sample_load()
+    metrics.observe_engine(EngineStats(running=2, waiting=1))
+    metrics.observe_step(0.01, [SequenceUpdate("a", (1,)), SequenceUpdate("b", (2,))])
+    time.sleep(0.05)
+    load = metrics.sample_load()
+    assert (load.running, load.waiting) == (2, 1)
+    assert 0 < load.generation_tokens_per_s <= 2 / 0.05
+    assert metrics.sample_load().generation_tokens_per_s == 0  # nothing generated since
+
+
+def test_two_workers_in_one_process_keep_separate_registries() -> None:
+    first, second = WorkerMetrics(), WorkerMetrics()
+    first.record_failover()
+    assert _scrape(second).value("tokenferry_worker_failovers_total") == 0
+
+
+def test_the_metrics_port_serves_the_exposition() -> None:
+    metrics = WorkerMetrics()
+    metrics.record_failover()
+    server = metrics.serve(free_port(), "127.0.0.1")
+    try:
+        response = httpx.get(f"http://127.0.0.1:{server.port}/metrics", timeout=5)
+    finally:
+        server.close()
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    assert Scrape.parse(response.text).value("tokenferry_worker_failovers_total") == 1

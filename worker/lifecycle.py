@@ -1,0 +1,156 @@
+"""Owns a job's life around the engine: its deadline, its run record, its first events, resume and handover.
+
+A fresh job (attempt 0) is admitted (tokenized, checked), claimed in the run
+table (``shared/leases.py``) and announced with ``Accepted``. A taken-over job
+(attempt k > 0) is claimed, then rebuilt from its own stream: every choice that
+has not ended continues from the tokens the client already has (``worker/resume.py``),
+with no second ``Accepted``, so the client's stream simply goes on. A job handed
+back (drain, or a shutdown that interrupts it) is re-enqueued as the next attempt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from arq.connections import ArqRedis
+
+from shared import jobqueue, leases
+from shared.errors import Timeout, TokenferryError
+from shared.protocol import Accepted, Failed, GenerationJob
+from shared.streams import EventReader, EventWriter
+from worker.admission import AdmittedRequest
+from worker.choices import RequestChoices
+from worker.engine import EngineRequest
+from worker.resume import StreamProgress, progress_of
+from worker.tokenization import Tokenizer
+
+logger = logging.getLogger(__name__)
+
+Admitter = Callable[[GenerationJob], AdmittedRequest]
+
+
+@dataclass(frozen=True, slots=True)
+class StartedJob:
+    job: GenerationJob
+    choices: RequestChoices
+    engine_ids: tuple[str, ...]  # choice i's engine id
+    to_run: tuple[EngineRequest, ...]  # the choices still to generate
+    prompt_tokens: int
+
+
+class JobLifecycle:
+    def __init__(
+        self, pool: ArqRedis, writer: EventWriter, tokenizer: Tokenizer, admitter: Admitter, worker_id: str
+    ) -> None:
+        self._pool = pool
+        self._writer = writer
+        self._reader = EventReader(pool)
+        self._tokenizer = tokenizer
+        self._admit = admitter
+        self._worker_id = worker_id
+
+    def owner(self, job: GenerationJob) -> str:
+        return leases.owner_token(self._worker_id, job.attempt)
+
+    async def start(self, job: GenerationJob) -> StartedJob | None:
+        """Claim and prepare ``job``; None when there is nothing to run (rejected, stale, cancelled, over)."""
+        if job.deadline_at is not None and time.time() > job.deadline_at:
+            await self._reject(job, Timeout("the request's deadline passed before a worker could start it"))
+            return None
+        if job.attempt == 0:
+            return await self._start_fresh(job)
+        return await self._start_resumed(job)
+
+    async def hand_over(self, job: GenerationJob) -> None:
+        """Give ``job`` back to the queue as its next attempt (it must no longer be in the engine)."""
+        attempt = await leases.hand_over(self._pool, job, self._worker_id)
+        if attempt is None:
+            logger.info("not handed over: this worker no longer owns it")
+            return
+        await jobqueue.enqueue(self._pool, job.model_copy(update={"attempt": attempt}))
+        logger.info("handed over as attempt %d", attempt)
+
+    async def _start_fresh(self, job: GenerationJob) -> StartedJob | None:
+        admitted = await self._admitted(job)
+        if admitted is None:
+            return None
+        if not await self._claim(job):
+            return None
+        requests = admitted.engine_requests
+        accepted = Accepted(
+            prompt_tokens=len(requests[0].prompt_token_ids),
+            worker_id=self._worker_id,
+            prompt_text=admitted.echo_text,
+        )
+        lost = await self._writer.publish_owned(
+            [(job.request_id, accepted)], owners={job.request_id: self.owner(job)}, model=job.model
+        )
+        if lost:
+            return None
+        choices = RequestChoices.start(self._tokenizer, requests, admitted.stop_sequences)
+        engine_ids = tuple(request.request_id for request in requests)
+        return StartedJob(job, choices, engine_ids, requests, accepted.prompt_tokens)
+
+    async def _start_resumed(self, job: GenerationJob) -> StartedJob | None:
+        if not await self._claim(job):
+            return None
+        progress = progress_of(item.event for item in await self._reader.history(job.request_id))
+        if progress.is_over:
+            return None
+        admitted = await self._admitted(job)
+        if admitted is None:
+            return None
+        requests = admitted.engine_requests
+        choices = RequestChoices.start(self._tokenizer, requests, admitted.stop_sequences)
+        to_run = _resume_choices(choices, requests, progress)
+        logger.info(
+            "resuming attempt %d: %s tokens already streamed",
+            job.attempt,
+            "+".join(str(len(choice.token_ids)) for choice in progress.choices.values()) or "0",
+        )
+        engine_ids = tuple(request.request_id for request in requests)
+        return StartedJob(job, choices, engine_ids, to_run, len(requests[0].prompt_token_ids))
+
+    async def _admitted(self, job: GenerationJob) -> AdmittedRequest | None:
+        try:
+            return await asyncio.to_thread(self._admit, job)
+        except TokenferryError as error:
+            await self._reject(job, error)
+            return None
+
+    async def _claim(self, job: GenerationJob) -> bool:
+        claim = await leases.begin(self._pool, job, self._worker_id)
+        if claim is not leases.Claim.OK:
+            logger.info("not started: attempt %d is %s", job.attempt, claim.value)
+        return claim is leases.Claim.OK
+
+    async def _reject(self, job: GenerationJob, error: TokenferryError) -> None:
+        logger.info("rejected: %s", error.message)
+        await self._writer.publish_step([(job.request_id, Failed(error=error.to_info()))])
+
+
+def _resume_choices(
+    choices: RequestChoices, requests: tuple[EngineRequest, ...], progress: StreamProgress
+) -> tuple[EngineRequest, ...]:
+    """Bring each choice's output up to the stream; the engine requests of those still running."""
+    to_run: list[EngineRequest] = []
+    for index, request in enumerate(requests):
+        choice = progress.choice(index)
+        if choice.is_finished:
+            choices.ended += 1
+            continue
+        choices.outputs[index].replay(choice.token_ids, choice.text)
+        to_run.append(
+            dataclasses.replace(
+                request,
+                prompt_token_ids=request.prompt_token_ids + tuple(choice.token_ids),
+                resumed_tokens=len(choice.token_ids),
+                prompt_logprobs=None,  # sent with the choice's first delta already
+            )
+        )
+    return tuple(to_run)

@@ -1,0 +1,145 @@
+"""Owns the arq worker loop, with the three changes serving needs over arq 0.28's own (pinned).
+
+1. **Wake-ups.** arq polls its queue every ``poll_delay``; each poll is a Redis
+   round trip that wakes the process, so a short delay costs the engine CPU and a
+   long one adds up to a whole delay to every time to first token. The gateway
+   publishes on ``keys.wake(model)`` after each enqueue, and this loop sleeps until
+   that message or the poll delay, whichever comes first: jobs start at once, and
+   the poll remains as a safety net (and for arq's abort checks).
+2. **Redis outages.** In arq a failed poll ends ``main()`` and with it the worker.
+   Here it is logged and retried with backoff, so a worker rides out a Redis restart
+   and goes on serving with no restart of its own.
+3. **Graceful drain.** SIGTERM (or SIGINT) stops picking jobs, lets running jobs
+   finish for up to ``drain_grace_s``, then shuts down; jobs still running then are
+   cancelled, which hands them over to another worker (``worker/jobs.py``). A second
+   signal shuts down at once (with the same handover).
+``main`` repeats arq's start-up lines because its loop cannot be changed from outside.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from typing import Any
+
+from arq.connections import create_pool, log_redis_info
+from arq.worker import Worker
+from redis.exceptions import RedisError
+
+logger = logging.getLogger(__name__)
+
+_OUTAGE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)
+
+
+class QueueWorker(Worker):
+    def __init__(
+        self,
+        *args: Any,
+        wake_channel: str,
+        drain_grace_s: float,
+        drain_on_signals: bool,
+        on_drain: Callable[[], None] = lambda: None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, handle_signals=False, **kwargs)
+        self._wake_channel = wake_channel
+        self._drain_grace_s = drain_grace_s
+        self._drain_on_signals = drain_on_signals
+        self._on_drain = on_drain
+        self._woken = asyncio.Event()
+        self._draining = False
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def main(self) -> None:
+        if self._pool is None:
+            self._pool = await create_pool(
+                self.redis_settings,
+                job_deserializer=self.job_deserializer,
+                job_serializer=self.job_serializer,
+                default_queue_name=self.queue_name,
+                expires_extra_ms=self.expires_extra_ms,
+            )
+        await log_redis_info(self.pool, logger.info)
+        self.ctx["redis"] = self.pool
+        if self.on_startup:
+            await self.on_startup(self.ctx)
+        if self._drain_on_signals:
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self.loop.add_signal_handler(signum, self.drain, signum)
+        self._spawn(self._listen_for_wakeups())
+        await self._poll_forever()
+
+    def drain(self, signum: int = signal.SIGTERM) -> None:
+        """Stop taking jobs; shut down once running ones finish or the grace period ends."""
+        if self._draining:
+            logger.warning("second %s: shutting down now", signal.Signals(signum).name)
+            self._stop_main()
+            return
+        self._draining = True
+        self.allow_pick_jobs = False
+        logger.info(
+            "%s: draining %d running jobs (grace %.0f s)",
+            signal.Signals(signum).name,
+            self._running_jobs(),
+            self._drain_grace_s,
+        )
+        self._on_drain()
+        self._spawn(self._finish_drain())
+
+    async def _poll_forever(self) -> None:
+        failures = 0
+        while True:
+            try:
+                await self._poll_iteration()
+                failures = 0
+            except RedisError as error:
+                delay = _OUTAGE_BACKOFF_S[min(failures, len(_OUTAGE_BACKOFF_S) - 1)]
+                failures += 1
+                logger.warning("queue poll failed (%s); retrying in %.2f s", error, delay)
+                await asyncio.sleep(delay)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), self.poll_delay_s)
+            self._woken.clear()
+
+    async def _listen_for_wakeups(self) -> None:
+        failures = 0
+        while True:
+            try:
+                async with self.pool.pubsub() as pubsub:
+                    await pubsub.subscribe(self._wake_channel)
+                    failures = 0
+                    async for message in pubsub.listen():
+                        if message.get("type") == "message":
+                            self._woken.set()
+            except RedisError as error:
+                delay = _OUTAGE_BACKOFF_S[min(failures, len(_OUTAGE_BACKOFF_S) - 1)]
+                failures += 1
+                logger.debug("wake-up subscription lost (%s); resubscribing in %.2f s", error, delay)
+                await asyncio.sleep(delay)
+
+    async def _finish_drain(self) -> None:
+        running = [task for task in self.tasks.values() if not task.done()]
+        if running:
+            await asyncio.wait(running, timeout=self._drain_grace_s)
+        left = self._running_jobs()
+        logger.info("drain over: %s", f"handing over {left} jobs" if left else "all jobs finished")
+        self._stop_main()
+
+    def _running_jobs(self) -> int:
+        return sum(not task.done() for task in self.tasks.values())
+
+    def _stop_main(self) -> None:
+        for task in self._background:
+            if task is not asyncio.current_task():
+                task.cancel()
+        if self.main_task is not None:
+            self.main_task.cancel()
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
