@@ -44,7 +44,9 @@ async def gateway_only(redis_url: str, **settings: Any) -> AsyncIterator[httpx.A
     """The real app and lifespan, no worker: for what is decided before any job exists."""
     app = create_app(GatewaySettings(redis_url=redis_url, **settings))
 
-    async def show_request(request_id: Annotated[str, Depends(owned(ResourceKind.REQUEST, "request_id"))]) -> str:
+    async def show_request(
+        request_id: Annotated[str, Depends(owned(ResourceKind.REQUEST, "request_id"))],
+    ) -> str:
         return request_id
 
     # Stands in for the stream-resume endpoint: a route serving a request id to its owner only.
@@ -74,14 +76,18 @@ async def test_keys_in_redis_turn_auth_on_and_only_live_keys_pass(redis: Redis, 
     assert health.status_code == 200
 
 
-async def test_revocation_reaches_a_caching_gateway_within_its_cache_time(redis: Redis, redis_url: str) -> None:
+async def test_revocation_reaches_a_caching_gateway_within_its_cache_time(
+    redis: Redis, redis_url: str
+) -> None:
     created = await apikeys.create_key(redis, "ci")
     async with gateway_only(redis_url, auth_cache_s=0.5) as client:
         assert (await client.get(MODELS, headers=bearer(created.secret))).status_code == 200
         await apikeys.revoke_key(redis, created.record.key_id)
         revoked_at = time.monotonic()
         async with asyncio.timeout(5):
-            while (await client.get(MODELS, headers=bearer(created.secret))).status_code != 401:
+            while True:  # an external condition (a cache expiring): polled, with a deadline
+                if (await client.get(MODELS, headers=bearer(created.secret))).status_code == 401:
+                    break
                 await asyncio.sleep(0.05)
 
     assert time.monotonic() - revoked_at < 1.5
@@ -206,12 +212,16 @@ async def test_another_tenants_id_is_404_exactly_like_an_unknown_id(redis: Redis
     assert other.json()["error"]["message"] == f"No request found with id '{request_id}'."
 
 
-async def test_cors_is_off_by_default_and_allows_only_configured_origins(redis: Redis, redis_url: str) -> None:
+async def test_cors_is_off_by_default_and_allows_only_configured_origins(
+    redis: Redis, redis_url: str
+) -> None:
     preflight = {"origin": "https://app.example", "access-control-request-method": "POST"}
     async with gateway_only(redis_url) as client:
         off = await client.options(CHAT, headers=preflight)
     async with gateway_only(redis_url, cors_allow_origins=["https://app.example"], api_keys=["k"]) as client:
-        on = await client.options(CHAT, headers=preflight | {"access-control-request-headers": "authorization"})
+        on = await client.options(
+            CHAT, headers=preflight | {"access-control-request-headers": "authorization"}
+        )
         other = await client.options(CHAT, headers=preflight | {"origin": "https://evil.example"})
         refused = await client.get(MODELS, headers={"origin": "https://app.example"})
 
@@ -256,7 +266,9 @@ async def test_keys_cli_creates_lists_and_revokes_against_redis(
     redis: Redis, redis_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # The CLI runs its own event loop, so it runs in a thread here.
-    code = await asyncio.to_thread(run_cli, "keys", "create", "--name", "ci bot", "--rpm", "5", "--redis-url", redis_url)
+    code = await asyncio.to_thread(
+        run_cli, "keys", "create", "--name", "ci bot", "--rpm", "5", "--redis-url", redis_url
+    )
     created = capsys.readouterr().out
     secret = created.split()[-1]
     key_id = (await apikeys.list_keys(redis))[0].key_id

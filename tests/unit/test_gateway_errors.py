@@ -175,7 +175,8 @@ async def test_api_keys_guard_every_route_but_health() -> None:
 
     no_key = error(IsStr(regex=r"You didn't provide an API key\..*Bearer.*"), code="invalid_api_key")
     assert (missing.status_code, missing.json()) == (401, no_key)
-    assert (wrong.status_code, wrong.json()) == (401, error("Incorrect API key provided.", code="invalid_api_key"))
+    incorrect = error("Incorrect API key provided.", code="invalid_api_key")
+    assert (wrong.status_code, wrong.json()) == (401, incorrect)
     assert health.status_code == 200
     assert right.status_code == 400  # past the guard, stopped by validation
 
