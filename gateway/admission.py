@@ -7,9 +7,12 @@ translating the request and before dispatching it:
    ``max_tokens``; a request that names none gets the limit, so no request
    generates more than the operator allows.
 2. The caller's tokens-per-minute bucket is charged an estimate: the prompt's
-   tokens plus ``max_tokens`` (OpenAI's rule). The gateway has no tokenizer (the
-   worker owns it), so text counts one token per 4 characters, and chat adds a few
-   per message for the template. Intentional divergence: the charge is not
+   tokens plus ``max_tokens`` for each of its ``n`` choices (OpenAI's rule); the
+   jobs of a multi-prompt request are charged together, all or none. The gateway
+   has no tokenizer (the worker owns it), so text counts one token per 4
+   characters, and chat adds a few per message for the template. A request with
+   no ``max_tokens`` (and no ``max_tokens_limit``) is charged its prompt only.
+   Intentional divergence: the charge is not
    reconciled with the actual usage of the ``finished`` event. Like OpenAI, we
    count the worst case at admission, which never lets a key overshoot its limit
    while a long generation runs; refunding afterwards would need the charge to
@@ -21,6 +24,7 @@ translating the request and before dispatching it:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -55,12 +59,18 @@ class Admitter:
 
     async def admit(self, job: GenerationJob) -> GenerationJob:
         """The job as it may run (capped); 400 over the cap, 429 over the token limit."""
-        job = capped(job, self.max_tokens_limit)
-        await self.rate_limiter.charge_tokens(self.principal, self.scope_state, estimated_tokens(job))
-        await tenancy.claim(
-            self.redis, self.principal, ResourceKind.REQUEST, job.request_id, REQUEST_OWNER_TTL_S
-        )
-        return job
+        return (await self.admit_all([job]))[0]
+
+    async def admit_all(self, jobs: Sequence[GenerationJob]) -> list[GenerationJob]:
+        """The jobs of one request (one per prompt), charged together: all admitted or none."""
+        capped_jobs = [capped(job, self.max_tokens_limit) for job in jobs]
+        tokens = sum(estimated_tokens(job) for job in capped_jobs)
+        await self.rate_limiter.charge_tokens(self.principal, self.scope_state, tokens)
+        for job in capped_jobs:
+            await tenancy.claim(
+                self.redis, self.principal, ResourceKind.REQUEST, job.request_id, REQUEST_OWNER_TTL_S
+            )
+        return capped_jobs
 
 
 def capped(job: GenerationJob, max_tokens_limit: int | None) -> GenerationJob:
@@ -80,8 +90,8 @@ def capped(job: GenerationJob, max_tokens_limit: int | None) -> GenerationJob:
 
 
 def estimated_tokens(job: GenerationJob) -> int:
-    """The worst-case tokens of ``job``: estimated prompt plus ``max_tokens`` (0 when open-ended)."""
-    return estimated_prompt_tokens(job) + (job.sampling.max_tokens or 0)
+    """The worst case of ``job``: its estimated prompt plus ``max_tokens`` per choice (0 when open-ended)."""
+    return estimated_prompt_tokens(job) + (job.sampling.max_tokens or 0) * job.n
 
 
 def estimated_prompt_tokens(job: GenerationJob) -> int:

@@ -67,6 +67,9 @@ def configure_logging(level: str = "INFO", fmt: str = "text", **fields: str) -> 
     # Third-party chatter stays at WARNING unless the operator asks for DEBUG.
     for noisy in ("httpx", "httpcore", "urllib3", "filelock", "asyncio"):
         logging.getLogger(noisy).setLevel(max(logging.getLevelName(level), logging.WARNING))
+    if root.isEnabledFor(logging.DEBUG):
+        # Say so at the top of the log: DEBUG lines carry user data that INFO never does.
+        logging.getLogger(__name__).warning("DEBUG logging is on: prompts and generated text will be logged")
 
 
 @contextmanager

@@ -28,7 +28,7 @@ async def create_completion(
     """Continue a raw prompt (no chat template); streamed as text_completion chunks if asked."""
     created_at = time.time()
     translate.check_choice_count(body, get_state(request).max_choices)
-    jobs = [await admitter.admit(job) for job in translate.completion_jobs(body, request_id, created_at)]
+    jobs = await admitter.admit_all(translate.completion_jobs(body, request_id, created_at))
     meta = translate.completion_meta(body, request_id, created_at)
     if not body.stream:
         results = await unless_disconnected(fanout.collect_all(dispatcher, jobs), request.receive)

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Query, Request
 from sse_starlette import EventSourceResponse
 
 from gateway import tgi_translate
+from gateway.admission import Admitter, AdmitterDep
 from gateway.deps import DispatcherDep, JsonBody, PoolDep, RequestIdDep
 from gateway.dispatch import Dispatcher
 from gateway.errors import unknown_model
@@ -35,11 +36,12 @@ async def generate(
     pool: PoolDep,
     dispatcher: DispatcherDep,
     request_id: RequestIdDep,
+    admitter: AdmitterDep,
     request: Request,
 ) -> GenerateResponse:
     """Generate text for ``inputs``; with ``details`` also its tokens, finish reason and seed."""
     model = resolve_model(body.model, await registry.live_workers(pool))
-    job = tgi_translate.generate_job(body, model, request_id, time.time(), stream=False)
+    job = await admitter.admit(tgi_translate.generate_job(body, model, request_id, time.time(), stream=False))
     return tgi_translate.generate_response(body, await dispatcher.complete(job, request.receive))
 
 
@@ -54,11 +56,12 @@ async def generate_stream(
     pool: PoolDep,
     dispatcher: DispatcherDep,
     request_id: RequestIdDep,
+    admitter: AdmitterDep,
     request: Request,
 ) -> EventSourceResponse:
     """Stream one event per token; the last carries generated_text (and details if asked)."""
     model = resolve_model(body.model, await registry.live_workers(pool))
-    return await _stream(body, model, dispatcher, request_id, request)
+    return await _stream(body, model, dispatcher, request_id, admitter, request)
 
 
 @router.post("/", response_model=list[GenerateResponse], responses=TGI_COMPAT, dependencies=[JsonBody])
@@ -67,13 +70,14 @@ async def compat_generate(
     pool: PoolDep,
     dispatcher: DispatcherDep,
     request_id: RequestIdDep,
+    admitter: AdmitterDep,
     request: Request,
 ) -> list[GenerateResponse] | EventSourceResponse:
     """/generate (answer wrapped in a list) or /generate_stream, as ``stream`` says."""
     model = resolve_model(body.model, await registry.live_workers(pool))
     if body.stream:
-        return await _stream(body, model, dispatcher, request_id, request)
-    job = tgi_translate.generate_job(body, model, request_id, time.time(), stream=False)
+        return await _stream(body, model, dispatcher, request_id, admitter, request)
+    job = await admitter.admit(tgi_translate.generate_job(body, model, request_id, time.time(), stream=False))
     return [tgi_translate.generate_response(body, await dispatcher.complete(job, request.receive))]
 
 
@@ -91,9 +95,14 @@ async def info(
 
 
 async def _stream(
-    body: GenerateRequest, model: str, dispatcher: Dispatcher, request_id: str, request: Request
+    body: GenerateRequest,
+    model: str,
+    dispatcher: Dispatcher,
+    request_id: str,
+    admitter: Admitter,
+    request: Request,
 ) -> EventSourceResponse:
-    job = tgi_translate.generate_job(body, model, request_id, time.time(), stream=True)
+    job = await admitter.admit(tgi_translate.generate_job(body, model, request_id, time.time(), stream=True))
     admission = await dispatcher.start(job, request.receive)
     return token_stream(admission.accepted, dispatcher.relay(admission), tgi_translate.TgiStream(body))
 

@@ -186,6 +186,41 @@ async def test_max_tokens_limit_refuses_more_and_caps_open_requests(redis: Redis
     assert open_ended.json()["choices"][0]["finish_reason"] == "length"
 
 
+async def test_tgi_generation_routes_pass_the_same_admission(redis: Redis, redis_url: str) -> None:
+    created = await apikeys.create_key(redis, "tgi", tpm=20)
+    gateway = {"admin_api_keys": [ADMIN], "auth_cache_s": 0, "max_tokens_limit": 8}
+    async with running_stack(redis_url, gateway=gateway) as client:
+        over_cap = await client.post(
+            "/generate",
+            json={"inputs": "Hi", "parameters": {"max_new_tokens": 9}},
+            headers=bearer(created.secret),
+        )
+        allowed = await client.post(
+            "/generate",
+            json={"inputs": "Hi", "parameters": {"max_new_tokens": 8}},
+            headers=bearer(created.secret),
+        )
+        streamed = await client.post(
+            "/generate_stream",
+            json={"inputs": "Hi", "parameters": {"max_new_tokens": 8}},
+            headers=bearer(created.secret),
+        )
+        limited = await client.post(
+            "/generate",
+            json={"inputs": "Hi", "parameters": {"max_new_tokens": 8}},
+            headers=bearer(created.secret),
+        )
+
+    assert over_cap.status_code == 422  # TGI's status for invalid parameters
+    assert over_cap.json() == {
+        "error": IsStr(regex=r"max_tokens is too large: 9.*at most 8\."),
+        "error_type": "validation",
+    }
+    assert allowed.status_code == streamed.status_code == 200
+    assert allowed.headers["x-ratelimit-remaining-tokens"] == "11"  # 20 - (1 prompt + 8)
+    assert limited.status_code == 429 and "retry-after" in limited.headers
+
+
 async def test_a_request_belongs_to_the_tenant_that_made_it(redis: Redis, redis_url: str) -> None:
     alice = await apikeys.create_key(redis, "alice")
     async with running_stack(redis_url, gateway={"admin_api_keys": [ADMIN], "auth_cache_s": 0}) as client:

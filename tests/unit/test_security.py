@@ -212,6 +212,7 @@ def test_token_estimate_is_prompt_plus_max_tokens() -> None:
     assert estimated_tokens(job(10)) == 2 + 10  # 8 characters, 4 per token
     assert estimated_tokens(job(None, TokenPrompt(token_ids=[1, 2, 3]))) == 3
     assert estimated_tokens(job(5, chat)) == 3 + 4 + 5  # 9 characters, a message's template, max_tokens
+    assert estimated_tokens(job(10).model_copy(update={"n": 3})) == 2 + 3 * 10  # max_tokens per choice
 
 
 def test_redis_urls_carry_password_and_tls_into_arq_settings() -> None:
@@ -234,3 +235,21 @@ def test_trust_remote_code_and_cors_are_off_by_default() -> None:
 
     assert WorkerSettings().trust_remote_code is False
     assert GatewaySettings().cors_allow_origins == []
+
+
+def test_debug_logging_announces_that_it_logs_user_data(capsys: pytest.CaptureFixture[str]) -> None:
+    import logging
+
+    from shared.logs import configure_logging
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    try:
+        configure_logging("DEBUG")
+        configure_logging("INFO")
+    finally:
+        root.handlers[:], root.level = saved[0], saved[1]
+
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "DEBUG logging is on" in line]
+    assert len(warnings) == 1
+    assert "prompts and generated text" in warnings[0]
