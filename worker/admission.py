@@ -46,6 +46,7 @@ def admit(
         engine_request, logprobs=job.logprobs, prompt_logprobs=job.prompt_logprobs
     )
     stops = defaults.under(job.sampling).stop or []
+    # Opt-in only (--log-level DEBUG): the prompt is user data and never logged at INFO.
     logger.debug("prompt token ids %s text %r", prompt_ids, tokenizer.decode(prompt_ids))
     return AdmittedRequest(
         engine_requests=choice_requests(engine_request, job.n),

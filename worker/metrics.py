@@ -123,7 +123,7 @@ class WorkerMetrics:
         )
         self.failovers = Counter(
             "failovers",
-            "Requests this worker took over from a worker that died or drained.",
+            "Jobs of dead workers this worker's reaper put back in the queue to be resumed.",
             namespace=NAMESPACE,
             registry=registry,
         )
@@ -153,7 +153,7 @@ class WorkerMetrics:
         self.queue_wait.observe(max(0.0, time.time() - job.created_at))
 
     def record_failover(self) -> None:
-        """Count a request this worker resumed after another worker lost it."""
+        """Count a job of a dead worker that this worker re-enqueued to be resumed (the reaper calls it)."""
         self.failovers.inc()
 
     def sample_load(self) -> WorkerLoad:

@@ -89,6 +89,7 @@ class RequestOutput:
         if update.is_finished:
             text += self.detokenizer.flush()
         result = self.stops.feed(text)
+        # Opt-in only (--log-level DEBUG): generated text is user data and never logged at INFO.
         logger.debug("generated ids %s text %r", list(update.new_token_ids), text)
         if result.stop_sequence is not None:
             return self._delta(result.text, update, prompt_logprobs, is_last=True) + [
