@@ -9,7 +9,7 @@ serves it on ``--metrics-port`` with prometheus_client's threaded HTTP server.
 Intentional divergence: the metrics port is off by default. A host often runs
 several workers (one per GPU, or the all-in-one ``serve`` beside tests), and a
 fixed default port would make the second one fail to start; operators name the
-port in their manifests (9400 in ours) and scrape it.
+port in their manifests (9100 in deploy/) and scrape it.
 
 Tokens per second is not a metric: Prometheus derives it from the token
 counters with ``rate()``. The heartbeat's ``generation_tokens_per_s`` is the same
