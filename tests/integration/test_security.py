@@ -218,6 +218,7 @@ async def test_tgi_generation_routes_pass_the_same_admission(redis: Redis, redis
     }
     assert allowed.status_code == streamed.status_code == 200
     assert allowed.headers["x-ratelimit-remaining-tokens"] == "11"  # 20 - (1 prompt + 8)
+    assert streamed.headers["x-ratelimit-remaining-tokens"] == "2"  # streamed answers carry them too
     assert limited.status_code == 429 and "retry-after" in limited.headers
 
 

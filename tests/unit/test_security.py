@@ -253,3 +253,25 @@ def test_debug_logging_announces_that_it_logs_user_data(capsys: pytest.CaptureFi
     warnings = [line for line in capsys.readouterr().err.splitlines() if "DEBUG logging is on" in line]
     assert len(warnings) == 1
     assert "prompts and generated text" in warnings[0]
+
+
+class _RunsCodeWhenUnpickled:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (exec, ("import builtins; builtins.tokenferry_unpickled = True",))
+
+
+def test_job_payloads_are_never_unpickled() -> None:
+    import builtins
+    import pickle
+
+    from shared.codec import CodecError, deserialize_arq_job
+    from shared.settings import WorkerSettings
+    from worker.main import build_worker
+
+    payload = pickle.dumps({"f": "generate", "a": [_RunsCodeWhenUnpickled()]})
+
+    with pytest.raises((CodecError, ValueError)):
+        deserialize_arq_job(payload)
+    assert not hasattr(builtins, "tokenferry_unpickled")
+    worker = build_worker(WorkerSettings(engine="fake", model="m"), handle_signals=False)
+    assert worker.job_deserializer is deserialize_arq_job
