@@ -155,7 +155,6 @@ class Dispatcher:
     async def _admit(self, job: GenerationJob) -> Admission:
         await self._require_live(job.model)
         note_model(job.model)
-        await self._require_queue_room(job.model)
         enqueued_at = time.monotonic()
         deadline = enqueued_at + self._timeout_s
         # Workers get the deadline too: a job that waited past it is answered, not started.
@@ -184,11 +183,18 @@ class Dispatcher:
                 f"No worker is serving the model `{model}` right now; retry shortly.", param="model"
             )
 
-    async def _require_queue_room(self, model: str) -> None:
-        waiting = await jobqueue.waiting_jobs(self._pool, model)
-        if waiting >= self._max_queued:
+    async def _require_place_in_line(self, job: GenerationJob) -> None:
+        """Refuse (429) a just-enqueued job with ``max_queued`` others waiting ahead of it.
+
+        Checked after enqueueing, by position, so a burst arriving at once is cut at
+        the bound exactly rather than all passing a check made before any enqueued.
+        """
+        ahead = await jobqueue.place_in_line(self._pool, job)
+        if ahead >= self._max_queued:
+            await self.abort(job.request_id, reason="queue full")
+            await jobqueue.forget(self._pool, job.model, job.request_id)
             raise Overloaded(
-                f"The model `{model}` has {waiting} requests waiting already; retry shortly.",
+                f"The model `{job.model}` has {ahead} requests waiting already; retry shortly.",
                 retry_after_s=1,
             )
 
@@ -197,6 +203,7 @@ class Dispatcher:
         try:
             await jobqueue.enqueue(self._pool, job)
             logger.info("enqueued model=%s", job.model)
+            await self._require_place_in_line(job)
             async with aclosing(self._reader.read(job.request_id, deadline=deadline)) as events:
                 async for item in events:
                     return item

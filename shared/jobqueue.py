@@ -121,13 +121,17 @@ async def forget(
         await pipe.execute()
 
 
-async def waiting_jobs(pool: ArqRedis, model: str, lane: keys.Lane = keys.Lane.INTERACTIVE) -> int:
-    """Jobs of ``model`` queued and not yet running (arq keeps running jobs in the queue too)."""
+async def place_in_line(pool: ArqRedis, job: GenerationJob, lane: keys.Lane = keys.Lane.INTERACTIVE) -> int:
+    """How many jobs of the model wait ahead of ``job`` (queued, not yet claimed by a worker).
+
+    arq keeps running jobs in the queue too; jobs workers have claimed are in the
+    model's running set, and they are the oldest, so they are subtracted.
+    """
     async with pool.pipeline(transaction=False) as pipe:
-        pipe.zcard(keys.queue(model, lane))
-        pipe.scard(keys.running(model))
-        queued, running = await pipe.execute()
-    return max(0, int(queued) - int(running))
+        pipe.zrank(keys.queue(job.model, lane), keys.attempt_job_id(job.request_id, job.attempt))
+        pipe.scard(keys.running(job.model))
+        rank, running = await pipe.execute()
+    return 0 if rank is None else max(0, int(rank) - int(running))
 
 
 async def enqueue_tokenize(pool: ArqRedis, job: TokenizeJob) -> None:

@@ -81,7 +81,16 @@ class EmbeddedRedis:
         self.stop()
         raise RedisServerError(f"redis-server did not answer on port {self.port} within {_START_TIMEOUT_S} s")
 
+    def restart(self) -> None:
+        """Stop the server gracefully (it writes its append-only file) and start it on the same data."""
+        self._stop_process()
+        self.start()
+
     def stop(self) -> None:
+        self._stop_process()
+        self._dir.cleanup()
+
+    def _stop_process(self) -> None:
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()
             try:
@@ -90,7 +99,6 @@ class EmbeddedRedis:
                 self._process.kill()
                 self._process.wait()
         self._process = None
-        self._dir.cleanup()
 
     def __enter__(self) -> EmbeddedRedis:
         return self.start()

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
+import sys
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -40,3 +45,53 @@ def stop_all(processes: list[subprocess.Popen[bytes]], timeout_s: float = 30.0) 
             process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def spawn_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """``tokenferry <argv>`` as a child process, its output captured."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "shared.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+    )
+
+
+@dataclass
+class SseEvent:
+    id: str | None
+    data: str
+
+    def json(self) -> Any:
+        return json.loads(self.data)
+
+
+def parse_sse(lines: list[str]) -> list[SseEvent]:
+    """Events from raw SSE lines (comments skipped, multi-line data joined)."""
+    events: list[SseEvent] = []
+    event_id: str | None = None
+    data: list[str] = []
+    for line in lines:
+        if not line:
+            if data:
+                events.append(SseEvent(event_id, "\n".join(data)))
+            event_id, data = None, []
+        elif line.startswith("id:"):
+            event_id = line[3:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].strip())
+    if data:
+        events.append(SseEvent(event_id, "\n".join(data)))
+    return events
+
+
+def chat_text(events: list[SseEvent]) -> str:
+    """The assistant text of choice 0 in a chat stream's events."""
+    parts = []
+    for event in events:
+        if event.data == "[DONE]":
+            continue
+        for choice in event.json().get("choices", []):
+            if choice["index"] == 0:
+                parts.append(choice["delta"].get("content") or "")
+    return "".join(parts)

@@ -57,6 +57,15 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> Flags:
         ),
         add("--max-body-bytes", type=int, metavar="N"),
         add(
+            "--max-queued-requests",
+            type=int,
+            metavar="N",
+            help="per model: waiting requests beyond N get 429 at once",
+        ),
+        # The gateway's drain grace comes from TOKENFERRY_DRAIN_GRACE_S or YAML: `serve` shares one
+        # parser between both processes, and --drain-grace is the worker's.
+        add("--redis-timeout", dest="redis_timeout_s", type=float, metavar="S", help="Redis socket timeout"),
+        add(
             "--admin-api-key",
             dest="admin_api_keys",
             action="append",
@@ -105,6 +114,14 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> Flags:
         add("--trust-remote-code", action=argparse.BooleanOptionalAction),
         add("--cache-dir", type=Path, help="where converted GGUF models are kept"),
         add("--poll-delay", dest="poll_delay_s", type=float, metavar="S", help="queue poll interval"),
+        add("--worker-id", help="this worker's id in the registry (default: host-pid-random)"),
+        add(
+            "--drain-grace",
+            dest="drain_grace_s",
+            type=float,
+            metavar="S",
+            help="on SIGTERM, how long running sequences may finish before they are handed over",
+        ),
         add("--metrics-port", type=int, metavar="PORT", help="serve Prometheus /metrics here (default: off)"),
         add("--metrics-host", metavar="ADDR", help="address of the metrics port (default 127.0.0.1)"),
     ]
