@@ -1,8 +1,8 @@
 """Owns the local cluster's life: plan the topology, start it in order, wait until it serves, stop it all.
 
-Start order follows the dependencies: Redis, then workers and gateways, then nginx.
-The cluster is ready when every gateway answers ``/health``, nginx lists a model
-and every worker has registered. Stop order is the reverse, Redis last, so that
+Start order follows the dependencies: Redis, then workers and gateways, then nginx
+once every gateway answers ``/health``. The cluster is ready when nginx lists a
+model and every worker has registered. Stop order is the reverse, Redis last, so that
 draining workers can still hand their jobs over. If any process dies, everything
 stops: a half cluster is worse than a clear exit.
 """
@@ -111,6 +111,7 @@ def _redis_command(port: int, data_dir: Path) -> list[str]:
         "--appendfsync", "everysec",
         "--save", "",
         "--maxmemory-policy", "noeviction",
+        "--loglevel", "warning",
     ]  # fmt: skip
 
 
@@ -136,9 +137,10 @@ def run(topology: Plan, args: argparse.Namespace, stop_event: threading.Event) -
         _wait(lambda: ping(topology.redis_url), redis, stop_event, 10.0, "Redis")
         tiers += [spawn(f"worker-{i}", argv, _worker_env(i)) for i, argv in enumerate(topology.workers, 1)]
         tiers += [spawn(f"gateway-{i}", argv) for i, argv in enumerate(topology.gateways, 1)]
+        _wait(lambda: _gateways_answer(topology), redis + tiers, stop_event, args.ready_timeout, "gateways")
         front.append(spawn("nginx", topology.nginx))
         everyone = redis + tiers + front
-        _wait(lambda: _ready(topology), everyone, stop_event, args.ready_timeout, "the cluster")
+        _wait(lambda: _serving(topology), everyone, stop_event, args.ready_timeout, "the cluster")
         _print_banner(topology, args)
         return _wait_for_exit(everyone, stop_event)
     except _Stop:
@@ -192,10 +194,14 @@ def _wait(
     raise _Failed(f"{what} was not ready within {timeout_s:.0f} s")
 
 
-def _ready(topology: Plan) -> bool:
-    """Every gateway up, a model listed through nginx, every worker registered."""
+def _gateways_answer(topology: Plan) -> bool:
     for url in topology.gateway_urls:
         _get_json(f"{url}/health")  # raises until it answers 200
+    return True
+
+
+def _serving(topology: Plan) -> bool:
+    """A model listed through nginx, and every worker registered."""
     models = _get_json(f"{topology.url}/models").get("data")
     return bool(models) and live_worker_count(topology.redis_url) >= len(topology.workers)
 

@@ -6,12 +6,14 @@ stops it and checks that nothing it started is left running.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,3 +133,26 @@ def test_stopping_the_cluster_leaves_no_process_behind(cluster: Cluster) -> None
     _, alive = psutil.wait_procs(members, timeout=5)
     assert alive == [], [process.cmdline() for process in alive]
     assert "tokenferry cluster: stopped" in cluster.output()
+
+
+def test_a_process_dying_at_start_up_stops_the_whole_cluster(tmp_path: Path) -> None:
+    marker = f"cluster-test-{uuid.uuid4().hex}"
+    env = {**os.environ, "TOKENFERRY_CLUSTER_TEST_MARKER": marker}
+    # /bin/false stands in for an nginx that refuses its config.
+    argv = ["--engine", "fake", "--port", str(free_port()), "--nginx", "/bin/false", "--stop-timeout", "20"]
+    result = subprocess.run(
+        [sys.executable, "-m", "deploy.cluster", *argv],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=START_TIMEOUT_S,
+    )
+    assert result.returncode == 1
+    assert "nginx exited with code 1 during start-up" in result.stderr
+    leftovers = []
+    for process in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("TOKENFERRY_CLUSTER_TEST_MARKER") == marker:
+                leftovers.append(process.cmdline())
+    assert leftovers == []
