@@ -44,7 +44,8 @@ def k8s_container_env(workload: dict[str, Any]) -> dict[str, str]:
     (container,) = workload["spec"]["template"]["spec"]["containers"]
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
-        env |= k8s_resource("ConfigMap", source["configMapRef"]["name"])["data"]
+        if "configMapRef" in source:  # a Secret's keys are the operator's, not in the repository
+            env |= k8s_resource("ConfigMap", source["configMapRef"]["name"])["data"]
     for entry in container.get("env", []):
         # Values from the downward API are only known in the cluster; any name stands in.
         env[entry["name"]] = str(entry.get("value", "pod-name"))
