@@ -69,7 +69,11 @@ async def test_missing_field_says_which(client: httpx.AsyncClient) -> None:
 
 @pytest.mark.parametrize(
     ("fields", "param"),
-    [({"n": 3}, "n"), ({"tools": [{"type": "function"}]}, "tools"), ({"logprobs": True}, "logprobs")],
+    [
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"tools": [{"type": "function"}]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+    ],
 )
 async def test_unsupported_features_are_400_not_silently_dropped(
     client: httpx.AsyncClient, fields: dict[str, Any], param: str
@@ -80,11 +84,15 @@ async def test_unsupported_features_are_400_not_silently_dropped(
     assert response.json() == error(IsStr(regex=r".*(not supported|for now).*"), param=param)
 
 
-async def test_several_prompts_are_refused_with_a_clear_message(client: httpx.AsyncClient) -> None:
-    response = await client.post("/v1/completions", json={"model": "m", "prompt": ["a", "b"]})
+async def test_a_bad_prompt_in_a_list_is_refused_with_a_clear_message(client: httpx.AsyncClient) -> None:
+    response = await client.post("/v1/completions", json={"model": "m", "prompt": ["a", [1, "b"]]})
 
     assert response.status_code == 400
-    assert response.json() == error("Invalid 'prompt': One prompt per request for now.", param="prompt")
+    assert response.json() == error(
+        "Invalid 'prompt': The prompt must be a string, a list of strings, a list of token ids or a list "
+        "of token-id lists.",
+        param="prompt",
+    )
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ from shared.errors import WorkerFailed
 from shared.protocol import (
     Accepted,
     ChatMessage,
-    ChoiceFinished,
     ChatPrompt,
+    ChoiceFinished,
     Delta,
     Finished,
     FinishReason,
