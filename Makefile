@@ -13,7 +13,7 @@ PORT ?= 8000
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup serve cluster test test-fast lint bench clean
+.PHONY: setup serve cluster test test-fast fuzz lint bench clean
 
 setup: $(STAMP)
 
@@ -44,10 +44,22 @@ test: setup
 test-fast: setup
 	$(BIN)/pytest -q -m "not e2e" $(PYTEST_ARGS)
 
+# schemathesis against /openapi.json of a real gateway + fake-engine worker: FUZZ_EXAMPLES per
+# operation (100 gave 3,483 cases in ~2 min on 2 cores); `make test` runs a short one.
+FUZZ_EXAMPLES ?= 100
+fuzz: setup
+	TOKENFERRY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) TOKENFERRY_FUZZ_MIN_CASES=1000 \
+		$(BIN)/pytest -q -s tests/integration/test_openapi_fuzz.py $(PYTEST_ARGS)
+
 # Concurrency sweep through the real gateway plus in-process references (~10 min on 2 cores);
 # BENCH_ARGS="--quick" for a smoke run, see bench/README.md.
 bench: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench $(BENCH_ARGS)
+
+# Kills workers and gateways and restarts Redis under a stream of clients (~5 min); see bench/chaos.py.
+CHAOS_ARGS ?=
+chaos: setup
+	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 lint: setup
 	$(BIN)/ruff check shared gateway worker tests deploy

@@ -29,7 +29,7 @@ from gateway.dispatch import Dispatcher
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics, RequestMetricsMiddleware
 from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
-from gateway.openapi_responses import OPENAI_GENERATION, OPENAI_READ
+from gateway.openapi_responses import OPENAI_ADMIN, OPENAI_GENERATION, OPENAI_READ
 from gateway.ratelimits import RATE_LIMIT_HEADERS, RateLimiter, RateLimitHeadersMiddleware
 from gateway.routes import admin, chat, completions, health, models, streams, tgi, tokenize
 from gateway.routes import metrics as metrics_routes
@@ -73,7 +73,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(models.router, dependencies=guard, responses=OPENAI_READ)
     app.include_router(tokenize.router, dependencies=guard, responses=OPENAI_READ)
     app.include_router(streams.router, dependencies=guard, responses=OPENAI_READ)
-    app.include_router(admin.router, dependencies=guard)
+    app.include_router(admin.router, dependencies=guard, responses=OPENAI_ADMIN)
     app.include_router(tgi.router, dependencies=guard)
     return app
 

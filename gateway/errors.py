@@ -21,6 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import Match
 
 from gateway.openai_schema import ErrorBody, ErrorObject
 from gateway.request_ids import REQUEST_ID_HEADER, request_id_of
@@ -37,6 +38,7 @@ from shared.errors import (
 logger = logging.getLogger(__name__)
 
 _REDIS_ERRORS = (RedisConnectionError, RedisTimeoutError)
+_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE")
 _HANDLED = (TokenferryError, RequestValidationError, StarletteHTTPException, *_REDIS_ERRORS, Exception)
 
 
@@ -54,7 +56,25 @@ async def handle_error(request: Request, exc: Exception) -> Response:
     else:
         logger.info("answered %d %s param=%s", error.status, error.code, error.param)
     headers = dict(exc.headers or {}) if isinstance(exc, StarletteHTTPException) else {}
+    if "allow" in {name.lower() for name in headers}:
+        headers = {name: value for name, value in headers.items() if name.lower() != "allow"}
+        headers["Allow"] = allowed_methods(request)
     return error_response(error, request_id_of(request.scope), headers)
+
+
+def allowed_methods(request: Request) -> str:
+    """Every method some route serves at this path, for a 405's ``Allow``.
+
+    Starlette lists only the first matching route's methods, which is wrong for a
+    path served by several routes (GET and POST /admin/keys, say). Each method is
+    probed through the routes' public ``matches``, which sees into included routers.
+    """
+    routes = request.app.router.routes
+    return ", ".join(
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
+    )
 
 
 def to_domain_error(exc: BaseException, request: Request | None = None) -> TokenferryError:

@@ -47,8 +47,9 @@ def _is_more_than_one(value: Any) -> bool:
 
 
 class _Request(BaseModel):
+    # Strict, like serde: `"stream": 0` or `"top_k": "5"` are type errors, not coerced guesses.
     # inf and nan parse from JSON (1e999) but are no sampling parameter's value.
-    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class GenerateParameters(_Request):

@@ -1,34 +1,40 @@
 """schemathesis against /openapi.json of real gateway and fake-engine worker processes: no 5xx, no schema lie.
 
-Every operation the schema declares gets generated requests, valid and invalid;
-each response must be no server error, with a declared status, content type,
-headers and body schema. Examples per operation come from
-``TOKENFERRY_FUZZ_EXAMPLES`` (default small enough for ``make test``);
-``make fuzz`` runs a long campaign (over 1,000 cases) and prints the count.
+Every operation the schema declares gets generated requests, valid and invalid
+(examples, coverage and fuzzing phases); each response must be no server error,
+with a declared status, content type, headers and body schema. Examples per
+operation come from ``TOKENFERRY_FUZZ_EXAMPLES`` (default small enough for
+``make test``); ``make fuzz`` runs a long campaign (over 1,000 cases).
 
-Left out: schemathesis's ``positive_data_acceptance`` check, which expects 2xx for
-every schema-valid body. Some refusals depend on state no schema can express
-(the prompt's length in tokens against the context window, an unknown model,
-a feature refused with a named 400), so those valid-looking requests get 4xx by design.
-The worker's context is 256 tokens, which keeps fuzzed max_tokens cheap.
+schemathesis runs as its CLI, against the stack's URL: its pytest plugin does
+not work with the pytest we pin (it reads a private ``_nodeid`` that pytest 9 removed).
+
+Left out: the ``positive_data_acceptance`` check, which expects 2xx for every
+schema-valid body. Some refusals depend on state no schema can express (the
+prompt's length in tokens against the context window, an unknown model), so
+those valid-looking requests get a 4xx by design. The worker's 256-token
+context keeps fuzzed max_tokens cheap.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
-import schemathesis
-from hypothesis import HealthCheck, settings
-from schemathesis.checks import positive_data_acceptance
-from schemathesis.schemas import BaseSchema
 
 from shared.redis_server import EmbeddedRedis
 from tests.live_stack import served_stack
 
 MODEL = "fuzzed-model"
-EXAMPLES = int(os.environ.get("TOKENFERRY_FUZZ_EXAMPLES", "15"))
+EXAMPLES = int(os.environ.get("TOKENFERRY_FUZZ_EXAMPLES", "5"))
+# `make fuzz` sets this, so a campaign that generated fewer cases than promised fails.
+MIN_CASES = int(os.environ.get("TOKENFERRY_FUZZ_MIN_CASES", "0"))
+RUN_TIMEOUT_S = 3000
 
 
 @pytest.fixture(scope="module")
@@ -37,28 +43,26 @@ def base_url(redis_server: EmbeddedRedis) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(scope="module")
-def api_schema(base_url: str) -> BaseSchema:
-    return schemathesis.openapi.from_url(f"{base_url}/openapi.json")
+@pytest.mark.timeout(RUN_TIMEOUT_S)
+def test_api_answers_as_its_schema_says(base_url: str, tmp_path: Path) -> None:
+    report = tmp_path / "schemathesis.json"
+    run = subprocess.run(
+        [
+            str(Path(sys.executable).parent / "schemathesis"), "run", f"{base_url}/openapi.json",
+            "--max-examples", str(EXAMPLES),
+            "--exclude-checks", "positive_data_acceptance",
+            "--generation-database", "none",
+            "--request-timeout", "30",
+            "--report", "json", "--report-json-path", str(report),
+            "--no-color",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        cwd=tmp_path,  # schemathesis keeps a crash cache in its working directory
+    )  # fmt: skip
+    summary = json.loads(report.read_text()) if report.exists() else {}
+    print(f"\nschemathesis: {summary.get('test_cases')} failures={summary.get('failures')}")
 
-
-@pytest.fixture(scope="module")
-def case_count() -> Iterator[list[int]]:
-    count = [0]
-    yield count
-    print(f"\nschemathesis: {count[0]} cases, {EXAMPLES} examples per operation")
-
-
-schema = schemathesis.pytest.from_fixture("api_schema")
-
-
-@schema.parametrize()
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    database=None,
-    suppress_health_check=list(HealthCheck),
-)
-def test_api_answers_as_its_schema_says(case: schemathesis.Case, case_count: list[int]) -> None:
-    case_count[0] += 1
-    case.call_and_validate(excluded_checks=[positive_data_acceptance], timeout=30)
+    assert run.returncode == 0, run.stdout[-20000:] + run.stderr[-5000:]
+    assert summary["test_cases"]["generated"] >= MIN_CASES
