@@ -161,7 +161,8 @@ Stop = Annotated[
     AfterValidator(validate_stop),
     Field(description="Up to 4 sequences where generation stops; not included in the output."),
 ]
-Seed = Annotated[int | None, Field(description="Seed for reproducible sampling.")]
+# int64, as vLLM bounds it: torch's generators refuse seeds of 2**64 and more.
+Seed = Annotated[int | None, Field(ge=-(2**63), le=2**63 - 1, description="Seed for reproducible sampling.")]
 User = Annotated[str | None, Field(description="End-user id; accepted and ignored.")]
 
 # HuggingFace generation parameters, accepted at the top level (where `extra_body` lands).

@@ -67,6 +67,7 @@ CASES = {
     "top_p zero": Case(CHAT, chat_body(top_p=0), 400, "top_p", None, r"greater than 0"),
     "top_p above one": Case(COMPLETIONS, completion_body(top_p=1.5), 400, "top_p", None, r"equal to 1"),
     "n too large": Case(CHAT, chat_body(n=1000), 400, "n", None, r"\bn\b|choice"),
+    "seed beyond int64": Case(CHAT, chat_body(seed=2**64), 400, "seed", None, r"less than or equal to"),
     "too many stop sequences": Case(
         CHAT, chat_body(stop=["a", "b", "c", "d", "e"]), 400, "stop", None, r"At most 4 stop sequences"
     ),
