@@ -80,6 +80,13 @@ redis.call('HSET', KEYS[1], 'owner', '')
 return redis.call('HINCRBY', KEYS[1], 'attempt', 1)
 """
 
+_END = """
+if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[2])
+return 1
+"""
+
 _ORPHAN = """
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1] then return 'raced' end
 if redis.call('EXISTS', KEYS[3]) == 1 then
@@ -136,6 +143,18 @@ async def hand_over(redis: Redis, job: GenerationJob, worker_id: str) -> int | N
         )
     )
     return None if attempt < 0 else attempt
+
+
+async def end(redis: Redis, job: GenerationJob, worker_id: str) -> None:
+    """Forget a job that ends without a terminal event (its client aborted it), if still ours."""
+    await redis.eval(  # type: ignore[misc]
+        _END,
+        2,
+        keys.run(job.request_id),
+        keys.running(job.model),
+        owner_token(worker_id, job.attempt),
+        job.request_id,
+    )
 
 
 async def orphan(redis: Redis, record: RunRecord, now: float | None = None) -> Orphaning:

@@ -11,6 +11,7 @@ a plain retry would stream its text a second time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from typing import Any, TypedDict
@@ -19,8 +20,9 @@ from arq.connections import ArqRedis
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
+from shared import leases
 from shared.codec import CodecError, decode_job
-from shared.errors import TokenferryError
+from shared.errors import TokenferryError, WorkerFailed
 from shared.logs import request_context
 from shared.protocol import Failed, GenerationJob, TokenizeJob, TokenizeReply
 from shared.replies import send_reply
@@ -75,11 +77,22 @@ async def generate(ctx: WorkerContext, payload: Any) -> None:
         except asyncio.CancelledError:
             await _report_cancellation(ctx, job)
             raise
+        except Exception as error:  # a bug, not the client's fault: it must still get an answer
+            logger.exception("failed")
+            await _report_failure(ctx, job, WorkerFailed(f"the worker failed on this request: {error}"))
+
+
+async def _report_failure(ctx: WorkerContext, job: GenerationJob, error: TokenferryError) -> None:
+    with contextlib.suppress(RedisError):
+        await ctx["writer"].publish_step([(job.request_id, Failed(error=error.to_info()))])
+        await leases.end(ctx["redis"], job, ctx["worker_id"])
 
 
 async def _report_cancellation(ctx: WorkerContext, job: GenerationJob) -> None:
     if ctx["is_aborted"](ctx["job_id"]):
         logger.info("aborted by the client")
+        with contextlib.suppress(RedisError):  # else its record lingers until its deadline
+            await asyncio.shield(leases.end(ctx["redis"], job, ctx["worker_id"]))
         return
     # A shutdown (the drain's grace ran out): another worker resumes it from its stream.
     logger.warning("interrupted by worker shutdown; handing it over")
