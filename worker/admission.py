@@ -40,6 +40,9 @@ def admit(
 ) -> AdmittedRequest:
     """Tokenize the prompt and resolve parameters; raises ``TokenferryError`` subclasses."""
     prompt_ids = _prompt_token_ids(job, tokenizer)
+    if not prompt_ids:
+        # Nothing to condition on: the model would be run on an empty batch row (vLLM's 400 too).
+        raise InvalidRequest("The prompt is empty: it must have at least one token.", param="prompt")
     engine_request = build_engine_request(job.request_id, prompt_ids, job.sampling, defaults, limits)
     _check_choices(job, engine_request)
     engine_request = dataclasses.replace(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import huggingface_hub.constants
 import openai
 import pytest
 from huggingface_hub import InferenceClient
@@ -37,7 +38,10 @@ def sdk(base_url: str) -> Iterator[openai.OpenAI]:
 
 
 @pytest.fixture
-def hf(base_url: str) -> InferenceClient:
+def hf(base_url: str, monkeypatch: pytest.MonkeyPatch) -> InferenceClient:
+    # `make test` sets HF_HUB_OFFLINE=1 so nothing reaches the Hub; huggingface_hub then refuses
+    # every URL, our loopback gateway included. This client talks to nothing but that gateway.
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     return InferenceClient(base_url=base_url, api_key="unused", timeout=30)
 
 

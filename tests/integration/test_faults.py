@@ -340,3 +340,38 @@ async def test_a_stream_rides_out_a_redis_restart(cluster: Cluster) -> None:
             assert chat_text(stream.events) == expected
         finally:
             built.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_workers_of_several_models_serve_only_their_own_and_models_list_what_is_live(
+    cluster: Cluster, redis: Redis
+) -> None:
+    url = cluster.add_gateway("g")
+    cluster.add_worker("a")
+    other_model = f"{cluster.model}-other"
+    other = spawn_cli(
+        "worker", "--redis-url", cluster.redis_url, "--engine", "fake", "--model", other_model,
+        "--worker-id", f"{other_model}-x", "--served-model-name", other_model,
+    )  # fmt: skip
+    cluster.workers["other"] = other
+    cluster.wait_ready()
+    wait_for_model(url, [other], other_model, START_TIMEOUT_S)
+    async with httpx.AsyncClient(base_url=url, timeout=30) as client:
+        listed = {entry["id"] for entry in (await client.get("/v1/models")).json()["data"]}
+        assert {cluster.model, other_model} <= listed
+        for model, worker_id in ((cluster.model, f"{cluster.model}-a"), (other_model, f"{other_model}-x")):
+            body = {**cluster.body(max_tokens=40), "model": model}
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                stream = StreamReader(response)
+                await stream.until_text(3)
+                assert await _owner(redis, response.headers["x-request-id"]) == worker_id
+                await stream.rest()
+            assert len(chat_text(stream.events).encode()) == 40
+        other.send_signal(signal.SIGKILL)
+        other.wait()
+        deadline = time.monotonic() + 3 * keys.WORKER_TTL_S
+        while other_model in {entry["id"] for entry in (await client.get("/v1/models")).json()["data"]}:
+            assert time.monotonic() < deadline, "a dead worker's model stayed listed"
+            await asyncio.sleep(0.25)
+        body = {**cluster.body(stream=False), "model": other_model}
+        assert (await client.post("/v1/chat/completions", json=body)).status_code == 503

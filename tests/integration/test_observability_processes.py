@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-from redis import Redis as SyncRedis
 
 from shared.redis_server import EmbeddedRedis, free_port
 from tests.helpers import FAKE_MODEL, chat_body
@@ -46,10 +45,13 @@ def _spawn(log: Path, *argv: str) -> subprocess.Popen[bytes]:
 
 
 @pytest.fixture(scope="module")
-def json_stack(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFactory) -> Iterator[JsonStack]:
-    """One gateway and one fake-engine worker logging JSON, for the whole module (starting costs seconds)."""
-    redis_url = redis_server.url
-    SyncRedis.from_url(redis_url).flushdb()
+def json_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JsonStack]:
+    """One gateway and one fake-engine worker logging JSON, for the whole module (starting costs seconds).
+
+    Its own Redis: `status` shows every worker it can see, and the session's Redis has others.
+    """
+    private_redis = EmbeddedRedis().start()
+    redis_url = private_redis.url
     port, metrics_port = free_port(), free_port()
     logs = tmp_path_factory.mktemp("logs")
     stack = JsonStack(
@@ -78,6 +80,7 @@ def json_stack(redis_server: EmbeddedRedis, tmp_path_factory: pytest.TempPathFac
         yield stack
     finally:
         stop_all(processes)
+        private_redis.stop()
 
 
 def _json_lines(log: Path) -> list[dict[str, Any]]:

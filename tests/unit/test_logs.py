@@ -35,4 +35,3 @@ def test_a_json_line_outside_a_request_has_a_null_request_id() -> None:
     line = json.loads(JsonFormatter({"process": "gateway"}).format(_record("ready")))
     assert line["request_id"] is None
     assert line["process"] == "gateway"
-
