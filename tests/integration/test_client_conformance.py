@@ -26,8 +26,10 @@ MESSAGES = [{"role": "user", "content": "Hi"}]
 
 
 @pytest.fixture(scope="module")
-def base_url(redis_server: EmbeddedRedis) -> Iterator[str]:
-    with served_stack(redis_server.url, MODEL) as url:
+def base_url() -> Iterator[str]:
+    # A Redis of its own: TGI routes need the model named once several are live, and the
+    # session's Redis also has other tests' workers (the e2e real-model one, for instance).
+    with EmbeddedRedis() as private_redis, served_stack(private_redis.url, MODEL) as url:
         yield url
 
 
