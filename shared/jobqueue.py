@@ -78,12 +78,18 @@ async def open_pool(url: str, *, socket_timeout_s: float | None = None) -> ArqRe
     return pool
 
 
-async def enqueue(pool: ArqRedis, job: GenerationJob, lane: keys.Lane = keys.Lane.INTERACTIVE) -> None:
-    """Enqueue ``job`` (one attempt of its request) and wake an idle worker of its model at once.
+async def enqueue(pool: ArqRedis, job: GenerationJob, lane: keys.Lane | None = None) -> None:
+    """Enqueue ``job`` (one attempt of its request) on its lane and wake idle workers of its model.
+
+    ``lane`` overrides ``job.lane`` (and is recorded on the job, so a takeover re-enqueues
+    it on the same lane).
 
     A duplicate id is refused, never run twice. The wake-up is what keeps time to
     first token independent of arq's poll interval (``worker/queue_worker.py``).
     """
+    if lane is not None and lane.value != job.lane:
+        job = job.model_copy(update={"lane": lane.value})
+    lane = keys.Lane(job.lane)
     queued = await pool.enqueue_job(
         GENERATE_FUNCTION,
         encode_job(job),

@@ -111,6 +111,8 @@ class GenerationJob(_Wire):
     deadline_at: float | None = None
     # 0 for the first run; k for the k-th takeover, which resumes from the events already streamed.
     attempt: int = Field(0, ge=0)
+    # The queue it runs from: batch work fills spare capacity, interactive work always goes first.
+    lane: Literal["interactive", "batch"] = "interactive"
 
 
 class Usage(_Part):
@@ -194,9 +196,7 @@ class Failed(_Wire):
     error: ErrorInfo
 
 
-TokenEvent = Annotated[
-    Accepted | Delta | ChoiceFinished | Finished | Failed, Field(discriminator="type")
-]
+TokenEvent = Annotated[Accepted | Delta | ChoiceFinished | Finished | Failed, Field(discriminator="type")]
 TERMINAL_EVENT_TYPES = frozenset({"finished", "failed"})
 
 

@@ -127,6 +127,15 @@ class GatewaySettings(_Settings):
     cors_allow_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Origins browsers may call from; empty turns CORS off."
     )
+    max_file_bytes: int = Field(
+        100 * 1024 * 1024, gt=0, le=512 * 1024 * 1024, description="Largest file POST /v1/files takes."
+    )
+    result_retention_s: int = Field(
+        7 * 86_400, gt=0, description="How long files, batches and responses are kept once finished."
+    )
+    batch_max_inflight: int = Field(
+        256, gt=0, description="Per batch: lines enqueued and not yet finished, at most."
+    )
 
     _split_lists = field_validator("api_keys", "admin_api_keys", "cors_allow_origins", mode="before")(
         _split_commas
@@ -200,6 +209,9 @@ class WorkerSettings(_Settings):
         30.0, ge=0, description="On SIGTERM: how long running sequences may finish before handover."
     )
     reap_interval_s: float = Field(1.0, gt=0, description="How often to look for jobs of dead workers.")
+    batch_share: float = Field(
+        0.75, gt=0, le=1, description="Most of --max-batch-size batch-lane work may fill (interactive first)."
+    )
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Port of the worker's /metrics (Prometheus); None: off."
     )

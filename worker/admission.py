@@ -20,6 +20,9 @@ from worker.tokenization import Tokenizer
 
 logger = logging.getLogger(__name__)
 
+INTERACTIVE_PRIORITY = 0
+BATCH_PRIORITY = 1
+
 
 @dataclass(frozen=True, slots=True)
 class AdmittedRequest:
@@ -46,7 +49,10 @@ def admit(
     engine_request = build_engine_request(job.request_id, prompt_ids, job.sampling, defaults, limits)
     _check_choices(job, engine_request)
     engine_request = dataclasses.replace(
-        engine_request, logprobs=job.logprobs, prompt_logprobs=job.prompt_logprobs
+        engine_request,
+        logprobs=job.logprobs,
+        prompt_logprobs=job.prompt_logprobs,
+        priority=BATCH_PRIORITY if job.lane == "batch" else INTERACTIVE_PRIORITY,
     )
     stops = defaults.under(job.sampling).stop or []
     # Opt-in only (--log-level DEBUG): the prompt is user data and never logged at INFO.

@@ -72,6 +72,9 @@ class EngineDriver:
     def active_count(self) -> int:
         return len(self._active)
 
+    def active_in_lane(self, lane: str) -> int:
+        return sum(1 for active in self._active.values() if active.job.lane == lane)
+
     async def run(self, job: GenerationJob) -> None:
         """Start (or resume) ``job``, stream its events, return when its terminal event is stored."""
         started = await self.lifecycle.start(job)

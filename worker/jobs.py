@@ -60,6 +60,7 @@ class WorkerContext(TypedDict, total=False):
     writer: EventWriter
     is_aborted: Callable[[str], bool]
     job_id: str  # arq's id of the attempt being run, set by arq per job
+    queue_worker: object  # worker.queue_worker.QueueWorker of the interactive lane
     runtime: object  # worker.main.Runtime, owned by the start-up and shut-down hooks
 
 

@@ -58,6 +58,7 @@ class Runtime:
     presence: Presence
     tasks: list[asyncio.Task[None]]
     metrics_server: MetricsServer | None = None
+    batch_lane: QueueWorker | None = None
 
 
 def load_backend(settings: WorkerSettings) -> Backend:
@@ -158,6 +159,7 @@ def build_worker(settings: WorkerSettings, *, handle_signals: bool = True) -> Wo
         on_drain=lambda: _start_draining(ctx),
     )
     ctx["is_aborted"] = lambda job_id: job_id in worker.aborting_tasks
+    ctx["queue_worker"] = worker  # batch-lane companions join its drain
     install_log_redaction()
     return worker
 
@@ -198,7 +200,9 @@ async def _startup(ctx: WorkerContext) -> None:
     ctx["driver"] = driver
     ctx["tokenize_service"] = TokenizeService(backend.tokenizer, backend.max_model_len, backend.vocab_size)
     ctx["writer"] = writer
-    ctx["runtime"] = Runtime(redis, driver, presence, tasks, metrics_server)
+    batch_lane = _batch_lane_worker(ctx, settings, driver)
+    tasks.append(asyncio.create_task(batch_lane.async_run(), name="batch-lane"))
+    ctx["runtime"] = Runtime(redis, driver, presence, tasks, metrics_server, batch_lane)
     logger.info(
         "worker %s serving %s, ready in %.1f s", info.worker_id, info.model, time.monotonic() - started
     )
@@ -208,6 +212,8 @@ async def _shutdown(ctx: WorkerContext) -> None:
     runtime = ctx.get("runtime")
     if not isinstance(runtime, Runtime):
         return  # start-up failed before anything was built
+    if runtime.batch_lane is not None:
+        await runtime.batch_lane.close()  # its running jobs are handed over while the engine still runs
     for task in runtime.tasks:
         task.cancel()
     await asyncio.gather(*runtime.tasks, return_exceptions=True)
@@ -217,6 +223,38 @@ async def _shutdown(ctx: WorkerContext) -> None:
         runtime.metrics_server.close()
     await runtime.redis.aclose()
     logger.info("worker %s stopped", runtime.presence.info.worker_id)
+
+
+def _batch_lane_worker(ctx: WorkerContext, settings: WorkerSettings, driver: EngineDriver) -> QueueWorker:
+    """The companion taking batch-lane jobs into the engine's spare capacity only."""
+    batch_slots = max(1, int(settings.max_batch_size * settings.batch_share))
+
+    def room() -> int:
+        spare = settings.max_batch_size - driver.active_count
+        return min(spare, batch_slots - driver.active_in_lane(keys.Lane.BATCH.value))
+
+    worker = QueueWorker(
+        functions=[func(cast(Any, generate), name=jobqueue.GENERATE_FUNCTION, max_tries=1)],
+        queue_name=keys.queue(settings.model_name, keys.Lane.BATCH),
+        redis_settings=jobqueue.redis_settings(settings.redis_url),
+        ctx=dict(ctx),
+        max_jobs=batch_slots,
+        poll_delay=max(settings.poll_delay_s, 0.1),
+        job_timeout=JOB_TIMEOUT_S,
+        keep_result=0,
+        allow_abort_jobs=True,
+        job_serializer=serialize_arq_job,
+        job_deserializer=deserialize_arq_job,
+        wake_channel=keys.wake(settings.model_name),
+        drain_grace_s=settings.drain_grace_s,
+        drain_on_signals=False,
+        room=room,
+    )
+    worker.ctx["is_aborted"] = lambda job_id: job_id in worker.aborting_tasks
+    ctx_main = ctx.get("queue_worker")
+    if isinstance(ctx_main, QueueWorker):
+        ctx_main.companions.append(worker)
+    return worker
 
 
 def _start_draining(ctx: dict[str, Any]) -> None:

@@ -13,6 +13,10 @@
    finish for up to ``drain_grace_s``, then shuts down; jobs still running then are
    cancelled, which hands them over to another worker (``worker/jobs.py``). A second
    signal shuts down at once (with the same handover).
+4. **Lanes.** One worker per lane queue: the interactive one takes every job it
+   can; a batch-lane companion (same process, same engine) is gated by ``room``,
+   which says how many batch jobs fit in the engine's spare capacity right now.
+   The engine itself then admits and prefills interactive requests first.
 ``main`` repeats arq's start-up lines because its loop cannot be changed from outside.
 """
 
@@ -42,6 +46,7 @@ class QueueWorker(Worker):
         drain_grace_s: float,
         drain_on_signals: bool,
         on_drain: Callable[[], None] = lambda: None,
+        room: Callable[[], int] | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, handle_signals=False, **kwargs)
@@ -49,6 +54,8 @@ class QueueWorker(Worker):
         self._drain_grace_s = drain_grace_s
         self._drain_on_signals = drain_on_signals
         self._on_drain = on_drain
+        self._room = room
+        self.companions: list[QueueWorker] = []  # other lanes' workers, drained with this one
         self._woken = asyncio.Event()
         self._draining = False
         self._background: set[asyncio.Task[None]] = set()
@@ -80,6 +87,8 @@ class QueueWorker(Worker):
             return
         self._draining = True
         self.allow_pick_jobs = False
+        for companion in self.companions:
+            companion.stop_picking()
         logger.info(
             "%s: draining %d running jobs (grace %.0f s)",
             signal.Signals(signum).name,
@@ -89,9 +98,14 @@ class QueueWorker(Worker):
         self._on_drain()
         self._spawn(self._finish_drain())
 
+    def stop_picking(self) -> None:
+        self._draining = True
+        self.allow_pick_jobs = False
+
     async def _poll_forever(self) -> None:
         failures = 0
         while True:
+            self._gate()
             try:
                 await self._poll_iteration()
                 failures = 0
@@ -122,15 +136,25 @@ class QueueWorker(Worker):
                 await asyncio.sleep(delay)
 
     async def _finish_drain(self) -> None:
-        running = [task for task in self.tasks.values() if not task.done()]
+        running = [
+            task for worker in (self, *self.companions) for task in worker.tasks.values() if not task.done()
+        ]
         if running:
             await asyncio.wait(running, timeout=self._drain_grace_s)
         left = self._running_jobs()
         logger.info("drain over: %s", f"handing over {left} jobs" if left else "all jobs finished")
         self._stop_main()
 
+    def _gate(self) -> None:
+        if self._room is None or self._draining:
+            return
+        room = self._room()
+        self.allow_pick_jobs = room > 0
+        self.queue_read_limit = max(1, room)
+
     def _running_jobs(self) -> int:
-        return sum(not task.done() for task in self.tasks.values())
+        workers = [self, *self.companions]
+        return sum(not task.done() for worker in workers for task in worker.tasks.values())
 
     def _stop_main(self) -> None:
         for task in self._background:

@@ -54,6 +54,8 @@ class EngineRequest:
     # How many of ``prompt_token_ids``' last tokens this request generated in an earlier run
     # that died (a takeover): they count as output for max/min tokens and penalties.
     resumed_tokens: int = 0
+    # Lower runs first: interactive requests (0) are admitted and prefilled before batch ones (1).
+    priority: int = 0
 
 
 def output_start(request: EngineRequest) -> int:

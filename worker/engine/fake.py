@@ -117,7 +117,8 @@ class FakeEngine:
 
     def _admit_waiting(self) -> None:
         while self._waiting and len(self._running) < self._max_batch_size:
-            request_id = next(iter(self._waiting))
+            # The most urgent priority first, FIFO within it (min() keeps the first of equals).
+            request_id = min(self._waiting, key=lambda waiting_id: self._waiting[waiting_id].request.priority)
             self._running[request_id] = self._waiting.pop(request_id)
 
     def _start_offset(self, request: EngineRequest) -> int:

@@ -155,9 +155,9 @@ class TransformersEngine:
         return self._sample_rows(self._rows, output.logits[:, -1, :])
 
     def _prefill(self) -> list[SequenceUpdate]:
-        progress = [
-            (s.request_id, s.prefilled, len(s.request.prompt_token_ids)) for s in self._prefilling.values()
-        ]
+        # Interactive prompts are prefilled before batch ones (sorted() is stable: FIFO within a priority).
+        prefilling = sorted(self._prefilling.values(), key=lambda s: s.request.priority)
+        progress = [(s.request_id, s.prefilled, len(s.request.prompt_token_ids)) for s in prefilling]
         chunks = self._scheduler.plan_prefill(progress)
         # Prompts that fit the step's budget whole share one padded forward; the rest go chunk by chunk.
         whole = [self._prefilling.pop(c.request_id) for c in chunks if c.start == 0 and c.is_last]

@@ -52,6 +52,14 @@ def reserved_tokens(final_lengths: list[int]) -> int:
     return len(final_lengths) * max(final_lengths, default=0)
 
 
+def queue_by_priority(waiting: deque[EngineRequest], request: EngineRequest) -> None:
+    """Queue ``request`` after every request of its priority or a more urgent one (FIFO within one)."""
+    position = len(waiting)
+    while position > 0 and waiting[position - 1].priority > request.priority:
+        position -= 1
+    waiting.insert(position, request)
+
+
 class Scheduler:
     """Waiting queue plus the rules for who joins the batch and how much prefill runs per step."""
 
@@ -60,7 +68,7 @@ class Scheduler:
         self.waiting: deque[EngineRequest] = deque()
 
     def add(self, request: EngineRequest) -> None:
-        self.waiting.append(request)
+        queue_by_priority(self.waiting, request)
 
     def remove(self, request_id: str) -> bool:
         """Drop a waiting request; whether it was waiting."""

@@ -26,7 +26,7 @@ from transformers.cache_utils import Cache
 from shared.protocol import FinishReason
 from worker.engine import EngineRequest, EngineStats, SequenceUpdate, TokenScore, output_start
 from worker.engine.sampling import build_processors, choose_token, make_generator, score_tokens
-from worker.engine.scheduler import final_length
+from worker.engine.scheduler import final_length, queue_by_priority
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ class SequentialEngine:
             )
 
     def add(self, request: EngineRequest) -> None:
-        self._waiting.append(request)
+        queue_by_priority(self._waiting, request)
 
     def abort(self, request_id: str) -> None:
         self._running.pop(request_id, None)

@@ -1,0 +1,53 @@
+"""The batch lane: a worker runs batch-lane jobs in its spare capacity only, interactive requests first."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from redis.asyncio import Redis
+
+from shared import jobqueue, keys
+from shared.protocol import ChatMessage, ChatPrompt, GenerationJob, SamplingSpec
+from shared.streams import EventReader
+from tests.helpers import FAKE_MODEL, chat_body, running_stack
+
+
+def _batch_job(request_id: str, max_tokens: int) -> GenerationJob:
+    return GenerationJob(
+        request_id=request_id,
+        model=FAKE_MODEL,
+        prompt=ChatPrompt(messages=[ChatMessage(role="user", content="line")]),
+        sampling=SamplingSpec(max_tokens=max_tokens, ignore_eos=True),
+        created_at=time.time(),
+        lane="batch",
+    )
+
+
+async def test_batch_lane_jobs_fill_only_their_share_and_interactive_requests_still_start_at_once(
+    redis_url: str, redis: Redis
+) -> None:
+    async with running_stack(redis_url, max_batch_size=4, batch_share=0.5, fake_step_delay_s=0.02) as client:
+        pool = await jobqueue.open_pool(redis_url)
+        try:
+            jobs = [_batch_job(f"batch-{index}-{time.monotonic_ns()}", max_tokens=40) for index in range(6)]
+            for job in jobs:
+                await jobqueue.enqueue(pool, job)
+            peak = 0
+            started = time.monotonic()
+            while time.monotonic() - started < 1.0:  # while the batch works, sample how many run
+                peak = max(peak, int(await redis.scard(keys.running(FAKE_MODEL))))  # type: ignore[misc]
+                await asyncio.sleep(0.02)
+            assert 1 <= peak <= 2  # half of max_batch_size
+            asked = time.monotonic()
+            response = await client.post("/v1/chat/completions", json=chat_body(max_tokens=3))
+            assert response.status_code == 200
+            assert time.monotonic() - asked < 2.0  # it did not wait for the batch lane's queue
+            reader = EventReader(pool)
+            for job in jobs:
+                events = [
+                    item.event async for item in reader.read(job.request_id, deadline=time.monotonic() + 60)
+                ]
+                assert events[-1].type == "finished"
+        finally:
+            await pool.aclose()
