@@ -116,6 +116,12 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> Flags:
         add("--poll-delay", dest="poll_delay_s", type=float, metavar="S", help="queue poll interval"),
         add("--worker-id", help="this worker's id in the registry (default: host-pid-random)"),
         add(
+            "--batch-share",
+            type=float,
+            metavar="F",
+            help="fraction of --max-batch-size batch-lane work may fill (default 0.75)",
+        ),
+        add(
             "--drain-grace",
             dest="drain_grace_s",
             type=float,
