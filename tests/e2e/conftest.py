@@ -1,4 +1,8 @@
-"""Real processes with the real bundled model: a worker and a gateway on the session's Redis."""
+"""Real processes with the real bundled model: a worker and a gateway on a Redis of their own.
+
+Their own Redis: the session lives on while the integration tests run, and a live
+real-model worker on the shared Redis would answer those tests' requests too.
+"""
 
 from __future__ import annotations
 
@@ -27,7 +31,14 @@ def _spawn(role: str, *argv: str, log_path: str) -> subprocess.Popen[bytes]:
 
 
 @pytest.fixture(scope="session")
-def gateway_url(redis_server: EmbeddedRedis) -> Iterator[str]:
+def e2e_redis() -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def gateway_url(e2e_redis: EmbeddedRedis) -> Iterator[str]:
+    redis_server = e2e_redis
     port = free_port()
     logs = tempfile.mkdtemp(prefix="tokenferry-e2e-")
     processes = [

@@ -38,8 +38,10 @@ RUN_TIMEOUT_S = 3000
 
 
 @pytest.fixture(scope="module")
-def base_url(redis_server: EmbeddedRedis) -> Iterator[str]:
-    with served_stack(redis_server.url, MODEL) as url:
+def base_url() -> Iterator[str]:
+    # A Redis of its own: on the session's, the fuzzer would also reach other tests' workers
+    # (the e2e real-model one, whose long generations time the run out).
+    with EmbeddedRedis() as private_redis, served_stack(private_redis.url, MODEL) as url:
         yield url
 
 

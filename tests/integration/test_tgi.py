@@ -13,6 +13,7 @@ from dirty_equals import IsStr
 from redis.asyncio import Redis
 
 from shared import registry
+from shared.redis_server import EmbeddedRedis
 from shared.registry import WorkerInfo
 from shared.settings import WorkerSettings
 from tests.helpers import FAKE_MODEL, parse_sse, running_stack
@@ -92,8 +93,18 @@ async def test_errors_on_tgi_routes_have_tgi_shape_and_status(redis: Redis, redi
     ]
 
 
-async def test_several_live_models_need_the_model_named(redis: Redis, redis_url: str) -> None:
+async def test_several_live_models_need_the_model_named() -> None:
     other = WorkerInfo(worker_id="other", model="other-model", max_model_len=128, started_at=time.time())
+    # A Redis of its own, so the live models are exactly this test's two.
+    with EmbeddedRedis() as private_redis:
+        redis = Redis.from_url(private_redis.url)
+        try:
+            await _ask_ambiguously(private_redis.url, redis, other)
+        finally:
+            await redis.aclose()
+
+
+async def _ask_ambiguously(redis_url: str, redis: Redis, other: WorkerInfo) -> None:
     async with running_stack(redis_url) as client:
         await registry.heartbeat(redis, other)
         ambiguous = await client.post("/generate", json={"inputs": "x"})
