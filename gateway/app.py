@@ -23,15 +23,28 @@ from arq.connections import ArqRedis
 from fastapi import Depends, FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
+from gateway import background
 from gateway.auth import Authenticator, Limits, static_keys
 from gateway.deps import GatewayState, LifespanState, guard_request
 from gateway.dispatch import Dispatcher
 from gateway.errors import install_error_handlers
 from gateway.metrics import GatewayMetrics, RequestMetricsMiddleware
 from gateway.middleware import BodyLimitMiddleware, RequestIdMiddleware
-from gateway.openapi_responses import OPENAI_ADMIN, OPENAI_GENERATION, OPENAI_READ
+from gateway.openapi_responses import OPENAI_ADMIN, OPENAI_BACKGROUND, OPENAI_GENERATION, OPENAI_READ
 from gateway.ratelimits import RATE_LIMIT_HEADERS, RateLimiter, RateLimitHeadersMiddleware
-from gateway.routes import admin, chat, completions, health, models, streams, tgi, tokenize
+from gateway.routes import (
+    admin,
+    batches,
+    chat,
+    completions,
+    files,
+    health,
+    models,
+    responses,
+    streams,
+    tgi,
+    tokenize,
+)
 from gateway.routes import metrics as metrics_routes
 from shared import __version__, jobqueue
 from shared.ratelimit import TokenBuckets
@@ -51,7 +64,11 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     install_error_handlers(app)
     # Added last runs first: the request id must exist before the body limit can answer 413.
     app.add_middleware(RateLimitHeadersMiddleware)
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        path_limits={"/v1/files": settings.max_file_bytes + files.MULTIPART_OVERHEAD_BYTES},
+    )
     app.add_middleware(RequestIdMiddleware)
     # Outside the body limit and request ids, so 413s are counted too; one registry per app.
     app.state.metrics = GatewayMetrics()
@@ -68,12 +85,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     guard = [Depends(guard_request)]
     app.include_router(health.router)
     app.include_router(metrics_routes.router, dependencies=guard if settings.metrics_require_key else [])
-    for router in (chat.router, completions.router):
+    for router in (chat.router, completions.router, responses.router):
         app.include_router(router, dependencies=guard, responses=OPENAI_GENERATION)
     app.include_router(models.router, dependencies=guard, responses=OPENAI_READ)
     app.include_router(tokenize.router, dependencies=guard, responses=OPENAI_READ)
     app.include_router(streams.router, dependencies=guard, responses=OPENAI_READ)
     app.include_router(admin.router, dependencies=guard, responses=OPENAI_ADMIN)
+    for router in (files.router, batches.router):
+        app.include_router(router, dependencies=guard, responses=OPENAI_BACKGROUND)
     app.include_router(tgi.router, dependencies=guard)
     return app
 
@@ -91,7 +110,8 @@ def _lifespan(settings: GatewaySettings) -> Callable[[FastAPI], AbstractAsyncCon
         )
         app.state.gateway = state
         try:
-            yield {"gateway": state}
+            async with background.running(app, settings, pool):
+                yield {"gateway": state}
         finally:
             del app.state.gateway
             await pool.aclose()

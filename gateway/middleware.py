@@ -53,25 +53,30 @@ def _with_request_id_header(send: Send, request_id: str) -> Send:
 
 
 class BodyLimitMiddleware:
-    """Answer 413 to a body over ``max_body_bytes``, by its Content-Length or by counting."""
+    """Answer 413 to a body over ``max_body_bytes``, by its Content-Length or by counting.
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+    ``path_limits`` raises the limit of named paths (file uploads carry far more than JSON bodies).
+    """
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int, path_limits: dict[str, int] | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.path_limits = path_limits or {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        limit = self.path_limits.get(scope["path"], self.max_body_bytes)
         declared = _declared_length(scope)
-        body = None if declared > self.max_body_bytes else await _read_body(receive, self.max_body_bytes)
+        body = None if declared > limit else await _read_body(receive, limit)
         if body is None:
-            await self._reject(scope, receive, send)
+            await self._reject(scope, receive, send, limit)
             return
         await self.app(scope, _replay(body, receive), send)
 
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        error = PayloadTooLarge(f"The request body is larger than the limit of {self.max_body_bytes} bytes.")
+    async def _reject(self, scope: Scope, receive: Receive, send: Send, limit: int) -> None:
+        error = PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
         await error_response(error, request_id_of(scope))(scope, receive, send)
 
 

@@ -82,6 +82,8 @@ OPENAI_GENERATION = {
 }
 OPENAI_READ = {**_errors(ErrorBody, _READ_STATUSES), **_ANY_CLIENT_ERROR}
 OPENAI_ADMIN = {**_errors(ErrorBody, (400, 401, 403, 404, 413, 415, 429, 503)), **_ANY_CLIENT_ERROR}
+# Files and batches: uploads may be too large, ids may be unknown; nothing streams.
+OPENAI_BACKGROUND = {**_errors(ErrorBody, (400, 401, 404, 413, 415, 429, 503)), **_ANY_CLIENT_ERROR}
 
 # TGI routes answer bad requests with 422 and their errors in TGI's shape, except the 413.
 _TGI_GENERATION_STATUSES = (401, 404, 415, 422, 429, 499, 500, 503, 504)

@@ -17,6 +17,17 @@
 | tf:keys                      | hash   | keys    | gateway, keys   | kept: key id -> hash; auth is on     |
 | tf:rate:{key_id}:{resource}  | hash   | gateway | gateway         | RATE_WINDOW_S (idle bucket is full)  |
 | tf:owner:{kind}:{id}         | string | gateway | gateway         | the resource's lifetime, set by it   |
+| tf:file:{file_id}            | hash   | gateway | gateway         | retention (``expires_at``)            |
+| tf:file:{file_id}:content    | string | gateway | gateway         | as its tf:file                       |
+| tf:files:{tenant}            | zset   | gateway | gateway         | retention; stale members pruned      |
+| tf:batch:{batch_id}          | hash   | gateway | gateway, runner | window + retention; retention at end |
+| tf:batch:{batch_id}:{part}   | *      | runner  | runner          | as its tf:batch (done/inflight/...)  |
+| tf:batches:{tenant}          | zset   | gateway | gateway         | retention; stale members pruned      |
+| tf:active:{kind}             | set    | gateway | runner          | members removed when work ends       |
+| tf:lease:{kind}:{id}         | string | runner  | runner          | RUNNER_LEASE_S, renewed while held   |
+| tf:response:{response_id}    | hash   | gateway | gateway, runner | window + retention; retention at end |
+
+"runner" is ``gateway/runner.py`` (each gateway runs one); ``*``: set, hash or lists.
 
 "keys" is ``shared/apikeys.py``, called by ``tokenferry keys`` and ``/admin/keys``.
 
@@ -124,3 +135,46 @@ def request_view(request_id: str) -> str:
 def attempt_job_id(request_id: str, attempt: int) -> str:
     """The arq job id of one attempt: arq never reuses ids, so each takeover needs its own."""
     return request_id if attempt == 0 else f"{request_id}~{attempt}"
+
+
+# Batches, files and background responses (gateway/batch_*.py, gateway/files.py).
+# A runner that stops renewing its lease (a dead gateway) loses its work this soon.
+RUNNER_LEASE_S = 10
+
+
+def file(file_id: str) -> str:
+    return f"{PREFIX}file:{file_id}"
+
+
+def file_content(file_id: str) -> str:
+    return f"{PREFIX}file:{file_id}:content"
+
+
+def files_index(tenant: str) -> str:
+    return f"{PREFIX}files:{tenant}"
+
+
+def batch(batch_id: str) -> str:
+    return f"{PREFIX}batch:{batch_id}"
+
+
+def batch_part(batch_id: str, part: str) -> str:
+    """One of a batch's working sets: ``done``, ``inflight``, ``output`` or ``errors``."""
+    return f"{PREFIX}batch:{batch_id}:{part}"
+
+
+def batches_index(tenant: str) -> str:
+    return f"{PREFIX}batches:{tenant}"
+
+
+def active(kind: str) -> str:
+    """Ids of unfinished work of ``kind`` ("batch", "response") that some runner must drive."""
+    return f"{PREFIX}active:{kind}"
+
+
+def runner_lease(kind: str, resource_id: str) -> str:
+    return f"{PREFIX}lease:{kind}:{resource_id}"
+
+
+def response(response_id: str) -> str:
+    return f"{PREFIX}response:{response_id}"

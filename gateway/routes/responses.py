@@ -1,0 +1,96 @@
+"""Owns the Responses API: create (JSON, SSE, or ``background``), retrieve, cancel.
+
+Foreground responses run through the Dispatcher like chat completions; a
+``background`` one is enqueued, stored as ``queued`` and answered at once, and a
+runner completes it (``gateway/response_store.py``); clients poll it by id.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
+from sse_starlette import EventSourceResponse
+
+from gateway import responses_api, sse
+from gateway.admission import AdmitterDep
+from gateway.background import BackgroundDep
+from gateway.deps import DispatcherDep, JsonBody, PoolDep, PrincipalDep, RequestIdDep, get_state
+from gateway.errors import unknown_model
+from gateway.responses_schema import Response, ResponseCreateRequest
+from gateway.tenancy import owned
+from shared import jobqueue, registry
+from shared.errors import NoLiveWorker, NotFound
+from shared.ownership import ResourceKind
+
+router = APIRouter(tags=["responses"])
+OwnedResponse = Annotated[str, Depends(owned(ResourceKind.RESPONSE, "response_id"))]
+
+
+@router.post("/v1/responses", response_model=Response, dependencies=[JsonBody])
+async def create_response(
+    body: ResponseCreateRequest,
+    dispatcher: DispatcherDep,
+    request_id: RequestIdDep,
+    admitter: AdmitterDep,
+    principal: PrincipalDep,
+    background: BackgroundDep,
+    pool: PoolDep,
+    request: Request,
+) -> Response | EventSourceResponse:
+    """Generate a response; streamed as Responses API events if asked; ``background`` answers at once."""
+    created_at = time.time()
+    job = await admitter.admit(responses_api.response_job(body, request_id, created_at))
+    pending = responses_api.pending_response(body, request_id, created_at)
+    if body.background:
+        await _require_live(pool, body.model)
+        await background.responses.create(principal.tenant, pending, request_id)
+        await jobqueue.enqueue(pool, job)
+        return pending
+    if not body.stream:
+        events = await dispatcher.complete(job, request.receive)
+        return responses_api.finished_response(pending, events, request_id, time.time())
+    admission = await dispatcher.start(job, request.receive)
+    stream = responses_api.ResponseStream(pending, request_id, time.time())
+    return sse.event_stream(
+        admission.accepted,
+        dispatcher.relay(admission),
+        stream.events,
+        drain_grace_s=get_state(request).drain_grace_s,
+    )
+
+
+@router.get("/v1/responses/{response_id}", response_model=Response)
+async def retrieve_response(response_id: OwnedResponse, background: BackgroundDep) -> Response:
+    """A background response as it stands: queued, in_progress, or finished with its output."""
+    response = await background.responses.get(response_id)
+    if response is None:
+        raise _missing(response_id)
+    return response
+
+
+@router.post("/v1/responses/{response_id}/cancel", response_model=Response)
+async def cancel_response(response_id: OwnedResponse, background: BackgroundDep, pool: PoolDep) -> Response:
+    """Cancel a background response that has not finished; a finished one is returned as it is."""
+    request_id = await background.responses.request_id(response_id)
+    response = await background.responses.cancel(response_id)
+    if response is None or request_id is None:
+        raise _missing(response_id)
+    if response.status == "cancelled":
+        await jobqueue.abort(pool, request_id)
+    return response
+
+
+async def _require_live(pool: PoolDep, model: str) -> None:
+    availability, _ = await registry.model_availability(pool, model)
+    if availability is registry.ModelAvailability.UNKNOWN:
+        raise unknown_model(model)
+    if availability is registry.ModelAvailability.KNOWN:
+        raise NoLiveWorker(
+            f"No worker is serving the model `{model}` right now; retry shortly.", param="model"
+        )
+
+
+def _missing(response_id: str) -> NotFound:
+    return NotFound(f"No response found with id '{response_id}'.", param="response_id")

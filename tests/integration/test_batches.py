@@ -1,0 +1,354 @@
+"""Batches, files and background responses through the official openai SDK, against real processes.
+
+A gateway and a fake-engine worker run as processes on a Redis of their own (so
+no other test's gateway runner claims these batches). The fake engine answers
+its script greedily, so every output line's text is known exactly. The kill
+tests SIGKILL a worker or a gateway mid-batch and check that every line comes
+back exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import openai
+import pytest
+from openai.types import Batch
+
+from shared.redis_server import EmbeddedRedis, free_port
+from shared.settings import WorkerSettings
+from tests.processes import spawn_cli, stop_all, wait_for_model
+
+MODEL = "batch-model"
+SCRIPT = WorkerSettings.model_fields["fake_script"].default
+MAX_TOKENS = 8
+START_TIMEOUT_S = 60.0
+BATCH_TIMEOUT_S = 90.0
+
+
+@dataclass
+class Stack:
+    redis: EmbeddedRedis
+    gateways: list[tuple[subprocess.Popen[bytes], str]] = field(default_factory=list)
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def add_gateway(self) -> str:
+        port = free_port()
+        process = spawn_cli(
+            "gateway", "--redis-url", self.redis.url, "--port", str(port), "--log-level", "WARNING"
+        )
+        self.gateways.append((process, f"http://127.0.0.1:{port}"))
+        return f"http://127.0.0.1:{port}"
+
+    def add_worker(self, step_delay_s: float) -> subprocess.Popen[bytes]:
+        process = spawn_cli(
+            "worker", "--redis-url", self.redis.url, "--engine", "fake", "--model", MODEL,
+            "--poll-delay", "0.01", "--log-level", "WARNING",
+            env={"TOKENFERRY_FAKE_STEP_DELAY_S": str(step_delay_s)},
+        )  # fmt: skip
+        self.workers.append(process)
+        return process
+
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        return [*self.workers, *(process for process, _ in self.gateways)]
+
+    def wait_ready(self) -> None:
+        alive = [process for process in self.processes() if process.returncode is None]
+        for process, url in self.gateways:
+            if process.returncode is None:
+                wait_for_model(url, alive, MODEL, START_TIMEOUT_S)
+
+    def client(self, index: int = 0) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.gateways[index][1]}/v1", api_key="unused", max_retries=0)
+
+    def stop(self) -> None:
+        stop_all(self.processes(), timeout_s=10)
+
+
+@pytest.fixture
+def stack_factory() -> Iterator[Callable[..., Stack]]:
+    stacks: list[Stack] = []
+    with EmbeddedRedis(append_only=True) as redis:
+
+        def build(*, gateways: int = 1, workers: int = 1, step_delay_s: float = 0.0) -> Stack:
+            stack = Stack(redis)
+            stacks.append(stack)
+            for _ in range(gateways):
+                stack.add_gateway()
+            for _ in range(workers):
+                stack.add_worker(step_delay_s)
+            stack.wait_ready()
+            return stack
+
+        try:
+            yield build
+        finally:
+            for stack in stacks:
+                stack.stop()
+
+
+def chat_line(custom_id: str, content: str = "Hi", **body: object) -> dict[str, object]:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": MAX_TOKENS,
+            **body,
+        },
+    }
+
+
+def upload(client: openai.OpenAI, tmp_path: Path, lines: list[dict[str, object]] | list[str]) -> str:
+    path = tmp_path / "input.jsonl"
+    path.write_text("".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines))
+    with path.open("rb") as handle:
+        return client.files.create(file=handle, purpose="batch").id
+
+
+def wait_for(
+    client: openai.OpenAI, batch_id: str, statuses: set[str], timeout_s: float = BATCH_TIMEOUT_S
+) -> Batch:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.status in statuses:
+            return batch
+        time.sleep(0.2)
+    raise AssertionError(f"batch {batch_id} stayed {batch.status} ({batch.request_counts})")
+
+
+def output_lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, object]]:
+    assert file_id is not None
+    return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
+
+
+def expected_text() -> str:
+    return SCRIPT.encode()[:MAX_TOKENS].decode()
+
+
+def test_batch_runs_every_line_and_writes_openai_output_lines(
+    stack_factory: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = stack_factory()
+    client = stack.client()
+    file_id = upload(
+        client, tmp_path, [chat_line(f"line-{index}", f"Question {index}") for index in range(20)]
+    )
+    assert client.files.retrieve(file_id).purpose == "batch"
+    batch = client.batches.create(
+        input_file_id=file_id,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+        metadata={"run": "one"},
+    )
+    assert batch.status == "validating" and batch.metadata == {"run": "one"}
+
+    done = wait_for(client, batch.id, {"completed", "failed"})
+
+    assert done.status == "completed", done.errors
+    assert (done.request_counts.total, done.request_counts.completed, done.request_counts.failed) == (
+        20,
+        20,
+        0,
+    )
+    assert done.in_progress_at and done.finalizing_at and done.completed_at and done.error_file_id is None
+    lines = output_lines(client, done.output_file_id)
+    assert sorted(line["custom_id"] for line in lines) == sorted(f"line-{index}" for index in range(20))
+    for line in lines:
+        assert line["error"] is None and str(line["id"]).startswith("batch_req_")
+        response = line["response"]
+        assert isinstance(response, dict) and response["status_code"] == 200 and response["request_id"]
+        body = response["body"]
+        assert body["object"] == "chat.completion" and body["model"] == MODEL
+        assert body["choices"][0]["message"]["content"] == expected_text()
+        assert body["usage"]["completion_tokens"] == MAX_TOKENS
+    assert done.id in [item.id for item in client.batches.list(limit=10).data]
+
+
+def test_completions_batch_and_a_line_that_fails_goes_to_the_error_file(
+    stack_factory: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = stack_factory()
+    client = stack.client()
+    good = {
+        "custom_id": "ok",
+        "method": "POST",
+        "url": "/v1/completions",
+        "body": {"model": MODEL, "prompt": "Hello", "max_tokens": 4},
+    }
+    # Longer than the worker's context window: only the worker can tell, so the line fails, not the file.
+    too_long = {
+        **good,
+        "custom_id": "too-long",
+        "body": {"model": MODEL, "prompt": "x" * 5000, "max_tokens": 4},
+    }
+    file_id = upload(client, tmp_path, [good, too_long])
+    batch = client.batches.create(input_file_id=file_id, endpoint="/v1/completions", completion_window="24h")
+
+    done = wait_for(client, batch.id, {"completed", "failed"})
+
+    assert done.status == "completed"
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 1)
+    [ok] = output_lines(client, done.output_file_id)
+    assert (
+        ok["custom_id"] == "ok"
+        and ok["response"]["body"]["choices"][0]["text"] == SCRIPT.encode()[:4].decode()
+    )  # type: ignore[index]
+    [failed] = output_lines(client, done.error_file_id)
+    assert failed["custom_id"] == "too-long"
+    assert failed["response"]["status_code"] == 400  # type: ignore[index]
+    assert failed["response"]["body"]["error"]["code"] == "context_length_exceeded"  # type: ignore[index]
+
+
+def test_malformed_file_fails_the_batch_naming_each_bad_line(
+    stack_factory: Callable[..., Stack], tmp_path: Path
+) -> None:
+    client = stack_factory().client()
+    lines = [
+        json.dumps(chat_line("a")),
+        "{not json",
+        json.dumps(chat_line("a")),  # duplicate custom_id
+        json.dumps({**chat_line("b"), "method": "GET"}),
+        json.dumps({**chat_line("c"), "url": "/v1/embeddings"}),
+        json.dumps(chat_line("d", temperature=7)),
+    ]
+    file_id = upload(client, tmp_path, lines)
+    batch = client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+
+    failed = wait_for(client, batch.id, {"failed", "completed"})
+
+    assert failed.status == "failed" and failed.failed_at and failed.output_file_id is None
+    assert failed.errors is not None and failed.errors.data is not None
+    by_line = {error.line: error for error in failed.errors.data}
+    assert sorted(by_line) == [2, 3, 4, 5, 6]
+    assert "custom_id" in (by_line[3].message or "")
+    assert by_line[6].param == "body.temperature"
+
+
+def test_unknown_file_and_other_tenants_ids_are_404(stack_factory: Callable[..., Stack]) -> None:
+    client = stack_factory().client()
+    with pytest.raises(openai.NotFoundError):
+        client.batches.create(
+            input_file_id="file-nope", endpoint="/v1/chat/completions", completion_window="24h"
+        )
+    with pytest.raises(openai.NotFoundError):
+        client.batches.retrieve("batch_nope")
+    with pytest.raises(openai.NotFoundError):
+        client.files.content("file-nope")
+
+
+def test_cancel_mid_batch_keeps_finished_lines_and_stops_the_rest(
+    stack_factory: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = stack_factory(step_delay_s=0.05)
+    client = stack.client()
+    lines = [chat_line(f"line-{index}", max_tokens=40, ignore_eos=True) for index in range(30)]
+    batch = client.batches.create(
+        input_file_id=upload(client, tmp_path, lines),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    wait_for(client, batch.id, {"in_progress"})
+    time.sleep(1.0)
+
+    cancelling = client.batches.cancel(batch.id)
+    cancelled = wait_for(client, batch.id, {"cancelled"})
+
+    assert cancelling.status in ("cancelling", "cancelled")
+    assert cancelled.cancelling_at and cancelled.cancelled_at
+    finished = output_lines(client, cancelled.output_file_id)
+    assert len(finished) == cancelled.request_counts.completed < 30
+    assert all(line["response"]["status_code"] == 200 for line in finished)  # type: ignore[index]
+
+
+def test_worker_and_gateway_killed_mid_batch_lose_and_duplicate_no_line(
+    stack_factory: Callable[..., Stack], tmp_path: Path
+) -> None:
+    LINES = 60  # ~6 s of work: enough to kill processes half-way
+    stack = stack_factory(workers=2, step_delay_s=0.03)
+    client = stack.client(0)
+    lines = [chat_line(f"line-{index}", max_tokens=60, ignore_eos=True) for index in range(LINES)]
+    batch = client.batches.create(
+        input_file_id=upload(client, tmp_path, lines),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    wait_for(client, batch.id, {"in_progress"})
+    stack.add_gateway()  # started after the first gateway's runner claimed the batch
+    stack.wait_ready()
+    assert 0 < client.batches.retrieve(batch.id).request_counts.completed < LINES  # type: ignore[union-attr]
+
+    stack.workers[0].send_signal(signal.SIGKILL)
+    stack.gateways[0][0].send_signal(signal.SIGKILL)  # the runner's gateway: the other must take over
+    survivor = stack.client(1)
+    done = wait_for(survivor, batch.id, {"completed", "failed"}, timeout_s=120)
+
+    assert done.status == "completed"
+    assert (done.request_counts.completed, done.request_counts.failed) == (LINES, 0)
+    custom_ids = [line["custom_id"] for line in output_lines(survivor, done.output_file_id)]
+    assert sorted(custom_ids) == sorted(f"line-{index}" for index in range(LINES))
+
+
+def test_background_response_is_queued_then_polled_to_completion(stack_factory: Callable[..., Stack]) -> None:
+    client = stack_factory(step_delay_s=0.02).client()
+    created = client.responses.create(
+        model=MODEL, input="Hi", instructions="Be brief.", max_output_tokens=MAX_TOKENS, background=True
+    )
+    assert created.status == "queued" and created.background
+
+    deadline = time.monotonic() + 30
+    response = client.responses.retrieve(created.id)
+    while response.status in ("queued", "in_progress") and time.monotonic() < deadline:
+        time.sleep(0.1)
+        response = client.responses.retrieve(created.id)
+
+    assert response.status == "incomplete"  # max_output_tokens ended it, as OpenAI reports
+    assert (
+        response.incomplete_details is not None and response.incomplete_details.reason == "max_output_tokens"
+    )
+    assert response.output_text == expected_text()
+    assert response.usage is not None and response.usage.output_tokens == MAX_TOKENS
+
+
+def test_responses_answer_whole_and_streamed(stack_factory: Callable[..., Stack]) -> None:
+    client = stack_factory().client()
+    whole = client.responses.create(
+        model=MODEL, input=[{"role": "user", "content": "Hi"}], max_output_tokens=200
+    )
+    assert whole.status == "completed" and whole.output_text == SCRIPT
+    events = list(client.responses.create(model=MODEL, input="Hi", max_output_tokens=MAX_TOKENS, stream=True))
+    kinds = [event.type for event in events]
+    assert kinds[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    assert kinds[-4:] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",
+    ]
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    deltas = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    assert deltas == expected_text()
+
+
+def test_background_response_cancel(stack_factory: Callable[..., Stack]) -> None:
+    client = stack_factory(step_delay_s=0.05).client()
+    created = client.responses.create(model=MODEL, input="Hi", max_output_tokens=200, background=True)
+    cancelled = client.responses.cancel(created.id)
+    assert cancelled.status == "cancelled"
+    assert client.responses.retrieve(created.id).status == "cancelled"
