@@ -56,6 +56,9 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, options.Flags]]:
     from shared.cli.keys import add_key_commands
 
     add_key_commands(commands)
+    from shared.cli.batch import add_batch_commands
+
+    add_batch_commands(commands)
     return parser, flags
 
 

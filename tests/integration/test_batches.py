@@ -352,3 +352,26 @@ def test_background_response_cancel(stack_factory: Callable[..., Stack]) -> None
     cancelled = client.responses.cancel(created.id)
     assert cancelled.status == "cancelled"
     assert client.responses.retrieve(created.id).status == "cancelled"
+
+
+def test_cli_submit_waits_with_progress_and_writes_the_output(
+    stack_factory: Callable[..., Stack], tmp_path: Path
+) -> None:
+    stack = stack_factory(step_delay_s=0.01)
+    base_url = f"{stack.gateways[0][1]}/v1"
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(chat_line(f"q{index}")) + "\n" for index in range(25)))
+
+    submit = spawn_cli("batch", "submit", str(path), "--wait", "--poll", "0.2", "--base-url", base_url)
+    output, _ = submit.communicate(timeout=BATCH_TIMEOUT_S)
+
+    text = output.decode()
+    assert submit.returncode == 0, text
+    assert "25/25 lines" in text and "lines/s" in text and "ETA" in text
+    written = [json.loads(line) for line in (tmp_path / "prompts.output.jsonl").read_text().splitlines()]
+    assert sorted(line["custom_id"] for line in written) == sorted(f"q{index}" for index in range(25))
+    batch_id = text.splitlines()[0].strip()
+    status = spawn_cli("batch", "status", batch_id, "--base-url", base_url)
+    assert f"{batch_id}  completed  25 completed, 0 failed of 25" in status.communicate(timeout=30)[0].decode()
+    listing = spawn_cli("batch", "list", "--base-url", base_url)
+    assert batch_id in listing.communicate(timeout=30)[0].decode()
