@@ -13,7 +13,7 @@ PORT ?= 8000
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup serve cluster test test-fast fuzz lint bench clean
+.PHONY: setup serve cluster test test-fast fuzz lint bench bench-batch clean
 
 setup: $(STAMP)
 
@@ -60,6 +60,11 @@ bench: setup
 CHAOS_ARGS ?=
 chaos: setup
 	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
+
+# A 1,000-line batch beside interactive traffic, across a worker kill and a Redis restart (~30 s); see bench/batch.py.
+BATCH_BENCH_ARGS ?=
+bench-batch: setup
+	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.batch $(BATCH_BENCH_ARGS)
 
 lint: setup
 	$(BIN)/ruff check shared gateway worker tests deploy

@@ -1,0 +1,237 @@
+"""Batch bench (``make bench-batch``): a 1,000-line batch beside interactive traffic, with faults.
+
+Real processes on loopback: a private Redis with its append-only file on, one
+``tokenferry gateway`` and two ``tokenferry worker`` processes (the fake engine
+by default, ``--real`` for the bundled model). It measures:
+
+1. interactive time to first token with the cluster idle (streamed chat requests
+   one after another);
+2. the same while the batch runs, during which one worker is SIGKILLed (a new
+   one replaces it) at 25% of the lines and Redis is restarted at 50%;
+3. the batch's lines per second, and lines lost or duplicated: every
+   ``custom_id`` of the input must be in the output exactly once.
+
+Prints one JSON line per phase, then a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from bench.stats import percentile
+from shared.redis_server import EmbeddedRedis, free_port
+from tests.processes import spawn_cli, stop_all, wait_for_model
+
+MODEL = "bench-batch-model"
+
+
+def _options() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.batch", description=__doc__.splitlines()[0])
+    parser.add_argument("--lines", type=int, default=1000)
+    parser.add_argument("--max-tokens", type=int, default=16, help="tokens per batch line")
+    parser.add_argument("--probes", type=int, default=20, help="interactive requests per TTFT phase")
+    parser.add_argument("--step-delay", type=float, default=0.01, help="fake engine seconds per decode step")
+    parser.add_argument("--real", action="store_true", help="the bundled model instead of the fake engine")
+    return parser.parse_args()
+
+
+class Cluster:
+    def __init__(self, redis: EmbeddedRedis, options: argparse.Namespace) -> None:
+        self.redis = redis
+        self.options = options
+        self.port = free_port()
+        self.gateway = spawn_cli(
+            "gateway", "--redis-url", redis.url, "--port", str(self.port), "--log-level", "WARNING"
+        )
+        self.workers = [self.add_worker(), self.add_worker()]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def add_worker(self) -> subprocess.Popen[bytes]:
+        engine = [] if self.options.real else ["--engine", "fake", "--model", MODEL]
+        env = {"TOKENFERRY_FAKE_STEP_DELAY_S": str(self.options.step_delay)}
+        return spawn_cli("worker", "--redis-url", self.redis.url, *engine, "--log-level", "WARNING", env=env)
+
+    def model(self) -> str:
+        wait_for_model(self.url, [self.gateway, *self.workers], MODEL, 300) if not self.options.real else None
+        return MODEL if not self.options.real else _first_model(self.url)
+
+    def stop(self) -> None:
+        stop_all([self.gateway, *self.workers], timeout_s=10)
+
+
+def _first_model(url: str) -> str:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            data = httpx.get(f"{url}/v1/models", timeout=5).json()["data"]
+            if data:
+                return str(data[0]["id"])
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError("no model was served within 300 s")
+
+
+def ttft_s(url: str, model: str) -> float | None:
+    """Seconds to the first content chunk of one streamed chat request (None: it failed)."""
+    body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "stream": True}
+    started = time.perf_counter()
+    try:
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as response:
+            for line in response.iter_lines():
+                if line.startswith("data:") and '"content":"' in line and '"content":""' not in line:
+                    return time.perf_counter() - started
+    except httpx.HTTPError:
+        return None
+    return None
+
+
+def _summary(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    return {
+        "p50_ms": 1000 * percentile(ordered, 50),
+        "p99_ms": 1000 * percentile(ordered, 99),
+        "n": len(ordered),
+    }
+
+
+def _input_file(directory: Path, model: str, lines: int, max_tokens: int) -> Path:
+    path = directory / "batch.jsonl"
+    with path.open("w") as handle:
+        for index in range(lines):
+            body = {
+                "model": model,
+                "messages": [{"role": "user", "content": f"Line {index}"}],
+                "max_tokens": max_tokens,
+            }
+            handle.write(
+                json.dumps(
+                    {"custom_id": f"l{index}", "method": "POST", "url": "/v1/chat/completions", "body": body}
+                )
+                + "\n"
+            )
+    return path
+
+
+def _retrieve(client: openai.OpenAI, batch_id: str) -> Any:
+    """The batch, retrying through the Redis restart (the gateway answers 503 meanwhile)."""
+    for _ in range(100):
+        try:
+            return client.batches.retrieve(batch_id)
+        except (openai.APIStatusError, openai.APIConnectionError):
+            time.sleep(0.2)
+    raise RuntimeError("the gateway did not answer for 20 s")
+
+
+def run_batch_phase(cluster: Cluster, client: openai.OpenAI, model: str, path: Path) -> dict[str, Any]:
+    """Submit the batch, probe TTFT while it runs, inject the faults, and return the phase's numbers."""
+    with path.open("rb") as handle:
+        file_id = client.files.create(file=handle, purpose="batch").id
+    batch = client.batches.create(
+        input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    started, probes, faults = time.monotonic(), [], []
+    while batch.status not in ("completed", "failed", "expired", "cancelled"):
+        counts = batch.request_counts
+        done = (counts.completed + counts.failed) if counts and counts.total else 0
+        total = counts.total if counts and counts.total else cluster.options.lines
+        faults += _inject(cluster, done / total, faults)
+        if batch.status == "in_progress" and 0 < done < total * 0.9 and len(probes) < cluster.options.probes:
+            probes.append(ttft_s(cluster.url, model))
+        time.sleep(0.1)
+        batch = _retrieve(client, batch.id)
+    elapsed = time.monotonic() - started
+    return {"batch": batch, "elapsed_s": elapsed, "probes": probes, "faults": faults}
+
+
+def _inject(cluster: Cluster, progress: float, done: list[str]) -> list[str]:
+    if progress >= 0.25 and "worker_kill" not in done:
+        cluster.workers[0].send_signal(signal.SIGKILL)
+        cluster.workers[0] = cluster.add_worker()
+        return ["worker_kill"]
+    if progress >= 0.5 and "redis_restart" not in done:
+        cluster.redis.restart()
+        return ["redis_restart"]
+    return []
+
+
+def lost_and_duplicated(client: openai.OpenAI, batch: Any, lines: int) -> tuple[int, int]:
+    ids: list[str] = []
+    for file_id in (batch.output_file_id, batch.error_file_id):
+        if file_id:
+            ids += [json.loads(line)["custom_id"] for line in client.files.content(file_id).text.splitlines()]
+    expected = {f"l{index}" for index in range(lines)}
+    return len(expected - set(ids)), len(ids) - len(set(ids))
+
+
+def main() -> None:
+    options = _options()
+    with EmbeddedRedis(append_only=True) as redis, tempfile.TemporaryDirectory() as directory:
+        cluster = Cluster(redis, options)
+        try:
+            model = cluster.model()
+            client = openai.OpenAI(base_url=f"{cluster.url}/v1", api_key="unused", max_retries=0)
+            ttft_s(cluster.url, model)  # warm-up
+            idle = [ttft_s(cluster.url, model) for _ in range(options.probes)]
+            print(
+                json.dumps({"phase": "idle", "ttft": _summary([s for s in idle if s is not None])}),
+                flush=True,
+            )
+            result = run_batch_phase(
+                cluster, client, model, _input_file(Path(directory), model, options.lines, options.max_tokens)
+            )
+            report(client, result, idle, options)
+        finally:
+            cluster.stop()
+
+
+def report(
+    client: openai.OpenAI, result: dict[str, Any], idle: list[float | None], options: argparse.Namespace
+) -> None:
+    batch = result["batch"]
+    lost, duplicated = lost_and_duplicated(client, batch, options.lines)
+    busy = _summary([s for s in result["probes"] if s is not None])
+    calm = _summary([s for s in idle if s is not None])
+    run_s = (batch.completed_at or time.time()) - (batch.in_progress_at or batch.created_at)
+    numbers = {
+        "phase": "batch",
+        "status": batch.status,
+        "lines": options.lines,
+        "lines_per_s": round(options.lines / max(run_s, 1e-9), 1),
+        "wall_s": round(result["elapsed_s"], 1),
+        "ttft_during_batch": busy,
+        "ttft_ratio_p50": round(busy["p50_ms"] / calm["p50_ms"], 2) if calm["p50_ms"] else None,
+        "ttft_ratio_p99": round(busy["p99_ms"] / calm["p99_ms"], 2) if calm["p99_ms"] else None,
+        "failed_probes": sum(1 for s in result["probes"] if s is None),
+        "faults": result["faults"],
+        "lines_lost": lost,
+        "lines_duplicated": duplicated,
+        "request_counts": batch.request_counts.model_dump() if batch.request_counts else None,
+    }
+    print(json.dumps(numbers), flush=True)
+    print(
+        f"\n{options.lines} lines in {run_s:.1f} s = {numbers['lines_per_s']} lines/s; "
+        f"TTFT idle p50 {calm['p50_ms']:.0f} ms p99 {calm['p99_ms']:.0f} ms; during the batch "
+        f"p50 {busy['p50_ms']:.0f} ms p99 {busy['p99_ms']:.0f} ms "
+        f"(x{numbers['ttft_ratio_p50']} / x{numbers['ttft_ratio_p99']}); "
+        f"faults {', '.join(result['faults']) or 'none'}; lines lost {lost}, duplicated {duplicated}"
+    )
+    sys.exit(0 if batch.status == "completed" and lost == 0 and duplicated == 0 else 1)
+
+
+if __name__ == "__main__":
+    main()
