@@ -18,7 +18,8 @@ from shared.errors import InvalidRequest, NotFound
 from shared.ownership import ResourceKind
 
 router = APIRouter(tags=["batches"])
-OwnedBatch = Annotated[str, Depends(owned(ResourceKind.BATCH, "batch_id"))]
+# Someone else's id answers 404 before the handler runs (gateway/tenancy.py).
+OWNED_BATCH = [Depends(owned(ResourceKind.BATCH, "batch_id"))]
 
 
 @router.post("/v1/batches", response_model=Batch, dependencies=[JsonBody])
@@ -40,8 +41,8 @@ async def create_batch(
     return await background.batches.create(principal.tenant, body)
 
 
-@router.get("/v1/batches/{batch_id}", response_model=Batch)
-async def retrieve_batch(batch_id: OwnedBatch, background: BackgroundDep) -> Batch:
+@router.get("/v1/batches/{batch_id}", response_model=Batch, dependencies=OWNED_BATCH)
+async def retrieve_batch(batch_id: str, background: BackgroundDep) -> Batch:
     return await _batch(background, batch_id)
 
 
@@ -62,8 +63,8 @@ async def list_batches(
     )
 
 
-@router.post("/v1/batches/{batch_id}/cancel", response_model=Batch)
-async def cancel_batch(batch_id: OwnedBatch, background: BackgroundDep) -> Batch:
+@router.post("/v1/batches/{batch_id}/cancel", response_model=Batch, dependencies=OWNED_BATCH)
+async def cancel_batch(batch_id: str, background: BackgroundDep) -> Batch:
     """Stop a batch: running lines are aborted; it ends ``cancelled`` with the lines that finished."""
     await background.batches.transition(batch_id, "cancelling", ("validating", "in_progress"))
     return await _batch(background, batch_id)

@@ -15,7 +15,8 @@ from shared.errors import InvalidRequest, NotFound, PayloadTooLarge
 from shared.ownership import ResourceKind
 
 router = APIRouter(tags=["files"])
-OwnedFile = Annotated[str, Depends(owned(ResourceKind.FILE, "file_id"))]
+# Someone else's id answers 404 before the handler runs (gateway/tenancy.py).
+OWNED_FILE = [Depends(owned(ResourceKind.FILE, "file_id"))]
 # What a multipart envelope adds around the file: the body limit of /v1/files is the file's plus this.
 MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
@@ -65,16 +66,16 @@ async def list_files(
     )
 
 
-@router.get("/v1/files/{file_id}", response_model=FileObject)
-async def retrieve_file(file_id: OwnedFile, background: BackgroundDep) -> FileObject:
+@router.get("/v1/files/{file_id}", response_model=FileObject, dependencies=OWNED_FILE)
+async def retrieve_file(file_id: str, background: BackgroundDep) -> FileObject:
     meta = await background.files.get(file_id)
     if meta is None:
         raise _missing(file_id)
     return meta
 
 
-@router.get("/v1/files/{file_id}/content", response_class=Response)
-async def file_content(file_id: OwnedFile, background: BackgroundDep) -> Response:
+@router.get("/v1/files/{file_id}/content", response_class=Response, dependencies=OWNED_FILE)
+async def file_content(file_id: str, background: BackgroundDep) -> Response:
     """The file's bytes as uploaded (or, for a batch output, its JSONL lines)."""
     content = await background.files.content(file_id)
     if content is None:
@@ -82,8 +83,8 @@ async def file_content(file_id: OwnedFile, background: BackgroundDep) -> Respons
     return Response(content, media_type="application/octet-stream")
 
 
-@router.delete("/v1/files/{file_id}", response_model=FileDeleted)
-async def delete_file(file_id: OwnedFile, background: BackgroundDep, principal: PrincipalDep) -> FileDeleted:
+@router.delete("/v1/files/{file_id}", response_model=FileDeleted, dependencies=OWNED_FILE)
+async def delete_file(file_id: str, background: BackgroundDep, principal: PrincipalDep) -> FileDeleted:
     if not await background.files.delete(principal.tenant, file_id):
         raise _missing(file_id)
     return FileDeleted(id=file_id, deleted=True)

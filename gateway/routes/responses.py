@@ -8,7 +8,6 @@ runner completes it (``gateway/response_store.py``); clients poll it by id.
 from __future__ import annotations
 
 import time
-from typing import Annotated
 
 from fastapi import APIRouter, Depends, Request
 from sse_starlette import EventSourceResponse
@@ -25,7 +24,8 @@ from shared.errors import NoLiveWorker, NotFound
 from shared.ownership import ResourceKind
 
 router = APIRouter(tags=["responses"])
-OwnedResponse = Annotated[str, Depends(owned(ResourceKind.RESPONSE, "response_id"))]
+# Someone else's id answers 404 before the handler runs (gateway/tenancy.py).
+OWNED_RESPONSE = [Depends(owned(ResourceKind.RESPONSE, "response_id"))]
 
 
 @router.post("/v1/responses", response_model=Response, dependencies=[JsonBody])
@@ -61,8 +61,8 @@ async def create_response(
     )
 
 
-@router.get("/v1/responses/{response_id}", response_model=Response)
-async def retrieve_response(response_id: OwnedResponse, background: BackgroundDep) -> Response:
+@router.get("/v1/responses/{response_id}", response_model=Response, dependencies=OWNED_RESPONSE)
+async def retrieve_response(response_id: str, background: BackgroundDep) -> Response:
     """A background response as it stands: queued, in_progress, or finished with its output."""
     response = await background.responses.get(response_id)
     if response is None:
@@ -70,8 +70,8 @@ async def retrieve_response(response_id: OwnedResponse, background: BackgroundDe
     return response
 
 
-@router.post("/v1/responses/{response_id}/cancel", response_model=Response)
-async def cancel_response(response_id: OwnedResponse, background: BackgroundDep, pool: PoolDep) -> Response:
+@router.post("/v1/responses/{response_id}/cancel", response_model=Response, dependencies=OWNED_RESPONSE)
+async def cancel_response(response_id: str, background: BackgroundDep, pool: PoolDep) -> Response:
     """Cancel a background response that has not finished; a finished one is returned as it is."""
     request_id = await background.responses.request_id(response_id)
     response = await background.responses.cancel(response_id)

@@ -372,6 +372,7 @@ def test_cli_submit_waits_with_progress_and_writes_the_output(
     assert sorted(line["custom_id"] for line in written) == sorted(f"q{index}" for index in range(25))
     batch_id = text.splitlines()[0].strip()
     status = spawn_cli("batch", "status", batch_id, "--base-url", base_url)
-    assert f"{batch_id}  completed  25 completed, 0 failed of 25" in status.communicate(timeout=30)[0].decode()
+    status_text = status.communicate(timeout=30)[0].decode()
+    assert f"{batch_id}  completed  25 completed, 0 failed of 25" in status_text
     listing = spawn_cli("batch", "list", "--base-url", base_url)
     assert batch_id in listing.communicate(timeout=30)[0].decode()
