@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,3 +96,28 @@ def chat_text(events: list[SseEvent]) -> str:
             if choice["index"] == 0:
                 parts.append(choice["delta"].get("content") or "")
     return "".join(parts)
+
+
+class StreamReader:
+    """Reads one SSE response line by line, keeping every event it saw."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self.response = response
+        self.lines: list[str] = []
+        self._iterator: AsyncIterator[str] = response.aiter_lines()
+
+    @property
+    def events(self) -> list[SseEvent]:
+        return parse_sse(self.lines)
+
+    async def until_text(self, length: int) -> None:
+        """Read until choice 0 has at least ``length`` characters of text."""
+        async for line in self._iterator:
+            self.lines.append(line)
+            if not line and len(chat_text(self.events)) >= length:
+                return
+        raise AssertionError(f"the stream ended before {length} characters: {self.lines}")
+
+    async def rest(self) -> None:
+        async for line in self._iterator:
+            self.lines.append(line)

@@ -141,22 +141,15 @@ def build_worker(settings: WorkerSettings, *, handle_signals: bool = True) -> Wo
             func(cast(Any, tokenize), name=jobqueue.TOKENIZE_FUNCTION, max_tries=1),
         ],
         queue_name=keys.queue(settings.model_name),
-        redis_settings=jobqueue.redis_settings(settings.redis_url),
         on_startup=cast(Any, _startup),
         on_shutdown=cast(Any, _shutdown),
         ctx=ctx,
         # Each running sequence holds an arq slot; a small margin keeps the batch full.
         max_jobs=settings.max_batch_size + max(2, settings.max_batch_size // 4),
         poll_delay=settings.poll_delay_s,
-        job_timeout=JOB_TIMEOUT_S,
-        keep_result=0,
-        allow_abort_jobs=True,
-        job_serializer=serialize_arq_job,
-        job_deserializer=deserialize_arq_job,
-        wake_channel=keys.wake(settings.model_name),
-        drain_grace_s=settings.drain_grace_s,
         drain_on_signals=handle_signals,
         on_drain=lambda: _start_draining(ctx),
+        **_queue_options(settings),
     )
     ctx["is_aborted"] = lambda job_id: job_id in worker.aborting_tasks
     ctx["queue_worker"] = worker  # batch-lane companions join its drain
@@ -236,25 +229,32 @@ def _batch_lane_worker(ctx: WorkerContext, settings: WorkerSettings, driver: Eng
     worker = QueueWorker(
         functions=[func(cast(Any, generate), name=jobqueue.GENERATE_FUNCTION, max_tries=1)],
         queue_name=keys.queue(settings.model_name, keys.Lane.BATCH),
-        redis_settings=jobqueue.redis_settings(settings.redis_url),
         ctx=dict(ctx),
         max_jobs=batch_slots,
-        poll_delay=max(settings.poll_delay_s, 0.1),
-        job_timeout=JOB_TIMEOUT_S,
-        keep_result=0,
-        allow_abort_jobs=True,
-        job_serializer=serialize_arq_job,
-        job_deserializer=deserialize_arq_job,
-        wake_channel=keys.wake(settings.model_name),
-        drain_grace_s=settings.drain_grace_s,
-        drain_on_signals=False,
+        poll_delay=max(settings.poll_delay_s, 0.1),  # wake-ups start batch work; no hurry to poll
+        drain_on_signals=False,  # the interactive lane's worker drains it
         room=room,
+        **_queue_options(settings),
     )
     worker.ctx["is_aborted"] = lambda job_id: job_id in worker.aborting_tasks
     ctx_main = ctx.get("queue_worker")
     if isinstance(ctx_main, QueueWorker):
         ctx_main.companions.append(worker)
     return worker
+
+
+def _queue_options(settings: WorkerSettings) -> dict[str, Any]:
+    """What both lanes' arq workers share: JSON jobs, no results kept, aborts on, our wake-ups."""
+    return {
+        "redis_settings": jobqueue.redis_settings(settings.redis_url),
+        "job_timeout": JOB_TIMEOUT_S,
+        "keep_result": 0,
+        "allow_abort_jobs": True,
+        "job_serializer": serialize_arq_job,
+        "job_deserializer": deserialize_arq_job,
+        "wake_channel": keys.wake(settings.model_name),
+        "drain_grace_s": settings.drain_grace_s,
+    }
 
 
 def _start_draining(ctx: dict[str, Any]) -> None:

@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 
 from shared import keys
 from shared.redis_server import free_port
-from tests.processes import SseEvent, chat_text, parse_sse, spawn_cli, stop_all, wait_for_model
+from tests.processes import StreamReader, chat_text, spawn_cli, stop_all, wait_for_model
 
 # Generous: the real model on 2 busy cores, loaded by two workers.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -91,29 +91,6 @@ async def redis(redis_url: str) -> AsyncIterator[Redis]:
         yield client
     finally:
         await client.aclose()
-
-
-class StreamReader:
-    """Reads one SSE response line by line, keeping every event it saw."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self.lines: list[str] = []
-        self._iterator: AsyncIterator[str] = response.aiter_lines()
-
-    @property
-    def events(self) -> list[SseEvent]:
-        return parse_sse(self.lines)
-
-    async def until_text(self, length: int) -> None:
-        async for line in self._iterator:
-            self.lines.append(line)
-            if not line and len(chat_text(self.events)) >= length:
-                return
-        raise AssertionError(f"the stream ended before {length} characters: {self.lines}")
-
-    async def rest(self) -> None:
-        async for line in self._iterator:
-            self.lines.append(line)
 
 
 async def _owner(redis: Redis, request_id: str) -> str | None:

@@ -11,7 +11,7 @@ import signal
 import subprocess
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 
 from shared import keys
 from shared.redis_server import EmbeddedRedis, free_port
-from tests.processes import SseEvent, chat_text, parse_sse, spawn_cli, stop_all, wait_for_model
+from tests.processes import StreamReader, chat_text, parse_sse, spawn_cli, stop_all, wait_for_model
 
 START_TIMEOUT_S = 60.0
 # Slow enough to kill a process mid-stream, fast enough to keep the tests short.
@@ -89,30 +89,6 @@ async def _uninterrupted_text(url: str, body: dict[str, object]) -> str:
         response = await client.post("/v1/chat/completions", json={**body, "stream": False})
         assert response.status_code == 200, response.text
         return str(response.json()["choices"][0]["message"]["content"])
-
-
-class StreamReader:
-    """Reads one SSE response line by line, keeping every event it saw."""
-
-    def __init__(self, response: httpx.Response) -> None:
-        self.response = response
-        self.lines: list[str] = []
-        self._iterator: AsyncIterator[str] = response.aiter_lines()
-
-    @property
-    def events(self) -> list[SseEvent]:
-        return parse_sse(self.lines)
-
-    async def until_text(self, length: int) -> None:
-        async for line in self._iterator:
-            self.lines.append(line)
-            if not line and len(chat_text(self.events)) >= length:
-                return
-        raise AssertionError("the stream ended early")
-
-    async def rest(self) -> None:
-        async for line in self._iterator:
-            self.lines.append(line)
 
 
 async def _owner(redis: Redis, request_id: str) -> str:
