@@ -131,6 +131,35 @@ async def forget(
         await pipe.execute()
 
 
+async def unclaimed_in_progress(pool: ArqRedis, model: str) -> list[str]:
+    """arq job ids of ``model`` that arq marks running while no run record claims them.
+
+    A worker claims a job (``shared/leases.py``) as soon as it starts it, so one that
+    stays like this was picked by a worker that died in between.
+    """
+    async with pool.pipeline(transaction=False) as pipe:
+        for lane in keys.Lane:
+            pipe.zrange(keys.queue(model, lane), 0, -1)
+        queued = [job_id.decode() for ids in await pipe.execute() for job_id in ids]
+    if not queued:
+        return []
+    async with pool.pipeline(transaction=False) as pipe:
+        for job_id in queued:
+            pipe.exists(in_progress_key_prefix + job_id)
+            pipe.exists(keys.run(keys.request_id_of_job(job_id)))
+        flags = await pipe.execute()
+    return [
+        job_id
+        for job_id, running, claimed in zip(queued, flags[::2], flags[1::2], strict=True)
+        if running and not claimed
+    ]
+
+
+async def release(pool: ArqRedis, arq_job_id: str) -> None:
+    """Let arq start a job again, as its first try, whose worker died before claiming it."""
+    await pool.delete(in_progress_key_prefix + arq_job_id, retry_key_prefix + arq_job_id)
+
+
 async def place_in_line(pool: ArqRedis, job: GenerationJob, lane: keys.Lane = keys.Lane.INTERACTIVE) -> int:
     """How many jobs of the model wait ahead of ``job`` (queued, not yet claimed by a worker).
 

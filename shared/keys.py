@@ -132,6 +132,11 @@ def request_view(request_id: str) -> str:
     return f"{PREFIX}request:{request_id}"
 
 
+def request_id_of_job(arq_job_id: str) -> str:
+    """The request an arq job id runs an attempt of (the inverse of ``attempt_job_id``)."""
+    return arq_job_id.partition("~")[0]
+
+
 def attempt_job_id(request_id: str, attempt: int) -> str:
     """The arq job id of one attempt: arq never reuses ids, so each takeover needs its own."""
     return request_id if attempt == 0 else f"{request_id}~{attempt}"

@@ -76,10 +76,12 @@ class JobLifecycle:
         logger.info("handed over as attempt %d", attempt)
 
     async def _start_fresh(self, job: GenerationJob) -> StartedJob | None:
+        # Claimed first: from here on a death of this worker is seen by the reaper, however
+        # long admission waits for a tokenizer thread.
+        if not await self._claim(job):
+            return None
         admitted = await self._admitted(job)
         if admitted is None:
-            return None
-        if not await self._claim(job):
             return None
         requests = admitted.engine_requests
         accepted = Accepted(
@@ -117,10 +119,11 @@ class JobLifecycle:
         return StartedJob(job, choices, engine_ids, to_run, len(requests[0].prompt_token_ids))
 
     async def _admitted(self, job: GenerationJob) -> AdmittedRequest | None:
+        """The job's engine requests, or None once a rejection ended it (and its claim)."""
         try:
             return await asyncio.to_thread(self._admit, job)
         except TokenferryError as error:
-            await self._reject(job, error)
+            await self._reject(job, error, claimed=True)
             return None
 
     async def _claim(self, job: GenerationJob) -> bool:
@@ -129,9 +132,15 @@ class JobLifecycle:
             logger.info("not started: attempt %d is %s", job.attempt, claim.value)
         return claim is leases.Claim.OK
 
-    async def _reject(self, job: GenerationJob, error: TokenferryError) -> None:
+    async def _reject(self, job: GenerationJob, error: TokenferryError, *, claimed: bool = False) -> None:
         logger.info("rejected: %s", error.message)
-        await self._writer.publish_step([(job.request_id, Failed(error=error.to_info()))])
+        failed = [(job.request_id, Failed(error=error.to_info()))]
+        if claimed:  # the terminal event also ends the claim
+            await self._writer.publish_owned(
+                failed, owners={job.request_id: self.owner(job)}, model=job.model
+            )
+        else:
+            await self._writer.publish_step(failed)
 
 
 def _resume_choices(

@@ -26,6 +26,9 @@ from shared.streams import EventWriter
 
 logger = logging.getLogger(__name__)
 
+# Far above a pick-to-claim gap (one Redis round trip), far below a client's patience.
+UNCLAIMED_GRACE_S = 10.0
+
 
 class Reaper:
     def __init__(
@@ -40,12 +43,14 @@ class Reaper:
         self._interval_s = interval_s
         self._writer = EventWriter(pool)
         self._on_failover = on_failover
+        self._unclaimed_since: dict[str, float] = {}  # arq job id -> first seen running unclaimed
 
     async def run(self) -> None:
         """Sweep forever; a Redis outage only skips sweeps."""
         while True:
             try:
                 await self.sweep()
+                await self.release_unclaimed()
             except RedisError as error:
                 logger.warning("takeover sweep failed: %s", error)
             await asyncio.sleep(self._interval_s)
@@ -83,6 +88,25 @@ class Reaper:
         await jobqueue.enqueue(self._pool, record.job.model_copy(update={"attempt": attempt}))
         self._on_failover()
         return 1
+
+    async def release_unclaimed(self, now: float | None = None) -> list[str]:
+        """Give back to arq the jobs a worker picked but died before claiming (none of ours would wait).
+
+        arq marks a job running when it is picked and, with ``max_tries=1``, would never
+        run it again; a claim follows the pick within milliseconds, so a job seen
+        running and unclaimed for ``UNCLAIMED_GRACE_S`` lost its worker before the claim.
+        """
+        now = time.monotonic() if now is None else now
+        current = set(await jobqueue.unclaimed_in_progress(self._pool, self._model))
+        self._unclaimed_since = {job_id: self._unclaimed_since.get(job_id, now) for job_id in current}
+        stale = [
+            job_id for job_id, since in self._unclaimed_since.items() if now - since >= UNCLAIMED_GRACE_S
+        ]
+        for job_id in stale:
+            logger.warning("job %s was picked by a worker that died before claiming it; released", job_id)
+            await jobqueue.release(self._pool, job_id)
+            del self._unclaimed_since[job_id]
+        return stale
 
 
 def _needs_action(record: leases.RunRecord, live: set[str], now: float) -> bool:
