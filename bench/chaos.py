@@ -286,8 +286,10 @@ async def _faults(cluster: Cluster, log: FaultLog, rounds: int, redis_every: int
     async with Redis.from_url(cluster.redis.url) as redis:
         for round_ in range(rounds):
             await asyncio.sleep(1.5)
-            victim = random.choice(sorted(cluster.workers))
-            log.worker_kills.append(await _running_requests(redis, victim))
+            # The busiest worker: a kill that hits no running request proves nothing.
+            running = {worker: await _running_requests(redis, worker) for worker in sorted(cluster.workers)}
+            victim = max(running, key=lambda worker: len(running[worker]))
+            log.worker_kills.append(running[victim])
             cluster.kill_worker(victim)
             cluster.start_worker()
             await asyncio.sleep(1.5)
