@@ -73,8 +73,13 @@ async def open_pool(url: str, *, socket_timeout_s: float | None = None) -> ArqRe
         redis_settings(url), job_serializer=serialize_arq_job, job_deserializer=deserialize_arq_job
     )
     if socket_timeout_s is not None:
-        pool.connection_pool.connection_kwargs["socket_timeout"] = socket_timeout_s
-        await pool.connection_pool.disconnect()  # the start-up ping's connection had no timeout
+        # Connections keep the timeout they were built with, so the pool is rebuilt, not patched.
+        old = pool.connection_pool
+        kwargs = {**old.connection_kwargs, "socket_timeout": socket_timeout_s}
+        pool.connection_pool = type(old)(
+            connection_class=old.connection_class, max_connections=old.max_connections, **kwargs
+        )
+        await old.disconnect()
     return pool
 
 

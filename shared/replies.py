@@ -9,6 +9,7 @@ for it and deletes it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable
 from typing import cast
 
@@ -33,12 +34,17 @@ async def send_reply(redis: Redis, request_id: str, reply: TokenizeReply) -> Non
 
 async def await_reply(redis: Redis, request_id: str, timeout_s: float) -> TokenizeReply:
     """The reply to ``request_id``; ``Timeout`` when no worker answered in ``timeout_s``."""
-    # redis-py types blpop for its sync and async clients at once, with an int timeout
-    # (Redis >= 6 takes fractional seconds).
-    pending = redis.blpop([keys.reply(request_id)], timeout=timeout_s)  # type: ignore[arg-type]
-    popped = await cast("Awaitable[tuple[bytes, bytes] | None]", pending)
-    if popped is None:
-        raise Timeout("no worker answered in time; retry shortly")
+    deadline = time.monotonic() + timeout_s
+    popped: tuple[bytes, bytes] | None = None
+    while popped is None:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise Timeout("no worker answered in time; retry shortly")
+        # One-second slices: the gateway's Redis calls have a short socket timeout (an outage
+        # must answer 503 at once), which a long BLOCK would trip. redis-py types blpop for
+        # its sync and async clients at once, with an int timeout (Redis >= 6 takes fractions).
+        pending = redis.blpop([keys.reply(request_id)], timeout=min(1.0, remaining))  # type: ignore[arg-type]
+        popped = await cast("Awaitable[tuple[bytes, bytes] | None]", pending)
     _key, raw = popped
     try:
         return _reply_adapter.validate_json(raw)
