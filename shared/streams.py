@@ -153,11 +153,22 @@ class EventReader:
     async def _xread(self, stream: str, last_id: str, block_ms: int) -> Any:
         outage_started: float | None = None
         while True:
+            if _being_cancelled():
+                # redis-py can swallow a cancellation that lands mid-read (with a socket timeout
+                # set); looping on would keep the job running for a client that left.
+                raise asyncio.CancelledError
             try:
                 return await self._redis.xread({stream: last_id}, block=block_ms, count=256)
             except (RedisConnectionError, RedisTimeoutError) as error:
+                if _being_cancelled():
+                    raise asyncio.CancelledError from error
                 now = time.monotonic()
                 outage_started = outage_started or now
                 if now - outage_started > self._outage_tolerance_s:
                     raise Unavailable(f"lost the connection to Redis: {error}") from error
                 await asyncio.sleep(_OUTAGE_RETRY_S)
+
+
+def _being_cancelled() -> bool:
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
