@@ -100,7 +100,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 def _lifespan(settings: GatewaySettings) -> Callable[[FastAPI], AbstractAsyncContextManager[LifespanState]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[LifespanState]:
-        pool = await jobqueue.open_pool(settings.redis_url, socket_timeout_s=settings.redis_timeout_s)
+        pool = await jobqueue.open_pool(settings.redis_url, connect_timeout_s=settings.redis_timeout_s)
         dispatcher = Dispatcher(pool, settings.request_timeout_s, settings.max_queued_requests)
         state = build_state(settings, pool, dispatcher)
         logger.info(

@@ -62,25 +62,19 @@ def redacted_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
-async def open_pool(url: str, *, socket_timeout_s: float | None = None) -> ArqRedis:
+async def open_pool(url: str, *, connect_timeout_s: float | None = None) -> ArqRedis:
     """An arq pool that is also a plain async Redis client (bytes replies).
 
-    With ``socket_timeout_s`` every call fails after that long instead of hanging
-    on a Redis that stopped answering (arq's own pool sets no socket timeout);
-    blocking reads must block for less.
+    ``connect_timeout_s`` bounds each (re)connection, so a Redis that is down answers
+    at once. There is deliberately no socket (read) timeout: with one, redis-py at
+    times lost a cancellation that landed mid-read, leaving abandoned requests and
+    shutdowns hanging; a Redis that stalls with its connections open is therefore
+    not detected (see the README).
     """
-    pool = await create_pool(
-        redis_settings(url), job_serializer=serialize_arq_job, job_deserializer=deserialize_arq_job
-    )
-    if socket_timeout_s is not None:
-        # Connections keep the timeout they were built with, so the pool is rebuilt, not patched.
-        old = pool.connection_pool
-        kwargs = {**old.connection_kwargs, "socket_timeout": socket_timeout_s}
-        pool.connection_pool = type(old)(
-            connection_class=old.connection_class, max_connections=old.max_connections, **kwargs
-        )
-        await old.disconnect()
-    return pool
+    settings = redis_settings(url)
+    if connect_timeout_s is not None:
+        settings.conn_timeout = connect_timeout_s  # type: ignore[assignment]  # arq types it int
+    return await create_pool(settings, job_serializer=serialize_arq_job, job_deserializer=deserialize_arq_job)
 
 
 async def enqueue(pool: ArqRedis, job: GenerationJob, lane: keys.Lane | None = None) -> None:

@@ -52,11 +52,6 @@ class EmbeddedRedis:
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
-    def pid(self) -> int | None:
-        """The server process's id while it runs (tests stop and resume it to fake a stalled Redis)."""
-        return None if self._process is None else self._process.pid
-
-    @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 

@@ -40,9 +40,8 @@ async def await_reply(redis: Redis, request_id: str, timeout_s: float) -> Tokeni
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise Timeout("no worker answered in time; retry shortly")
-        # One-second slices: the gateway's Redis calls have a short socket timeout (an outage
-        # must answer 503 at once), which a long BLOCK would trip. redis-py types blpop for
-        # its sync and async clients at once, with an int timeout (Redis >= 6 takes fractions).
+        # One-second slices, so the deadline is ours rather than the server's (Redis takes
+        # fractional seconds from 6.0; redis-py types the timeout as int for both clients).
         pending = redis.blpop([keys.reply(request_id)], timeout=min(1.0, remaining))  # type: ignore[arg-type]
         popped = await cast("Awaitable[tuple[bytes, bytes] | None]", pending)
     _key, raw = popped

@@ -64,7 +64,7 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> Flags:
         ),
         # The gateway's drain grace comes from TOKENFERRY_DRAIN_GRACE_S or YAML: `serve` shares one
         # parser between both processes, and --drain-grace is the worker's.
-        add("--redis-timeout", dest="redis_timeout_s", type=float, metavar="S", help="Redis socket timeout"),
+        add("--redis-timeout", dest="redis_timeout_s", type=float, metavar="S", help="Redis connect timeout"),
         add(
             "--admin-api-key",
             dest="admin_api_keys",
