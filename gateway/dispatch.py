@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import anyio
 from arq.connections import ArqRedis
+from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.types import Receive
 
@@ -153,7 +154,7 @@ class Dispatcher:
         return events
 
     async def _admit(self, job: GenerationJob) -> Admission:
-        await self._require_live(job.model)
+        await require_live(self._pool, job.model)
         note_model(job.model)
         enqueued_at = time.monotonic()
         deadline = enqueued_at + self._timeout_s
@@ -173,15 +174,6 @@ class Dispatcher:
             time.monotonic() - enqueued_at,
         )
         return Admission(job=job, accepted=first, deadline=deadline, enqueued_at=enqueued_at)
-
-    async def _require_live(self, model: str) -> None:
-        availability, _ = await registry.model_availability(self._pool, model)
-        if availability is registry.ModelAvailability.UNKNOWN:
-            raise unknown_model(model)
-        if availability is registry.ModelAvailability.KNOWN:
-            raise NoLiveWorker(
-                f"No worker is serving the model `{model}` right now; retry shortly.", param="model"
-            )
 
     async def _require_place_in_line(self, job: GenerationJob) -> None:
         """Refuse (429) a just-enqueued job with ``max_queued`` others waiting ahead of it.
@@ -211,6 +203,17 @@ class Dispatcher:
             await self.abort(job.request_id, reason=f"{type(exc).__name__} before acceptance")
             raise
         raise WorkerFailed("the event stream ended before its first event")
+
+
+async def require_live(redis: Redis, model: str) -> None:
+    """404 for a model nobody ever served, 503 for one whose workers are all gone right now."""
+    availability, _ = await registry.model_availability(redis, model)
+    if availability is registry.ModelAvailability.UNKNOWN:
+        raise unknown_model(model)
+    if availability is registry.ModelAvailability.KNOWN:
+        raise NoLiveWorker(
+            f"No worker is serving the model `{model}` right now; retry shortly.", param="model"
+        )
 
 
 async def unless_disconnected(work: Coroutine[Any, Any, _T], receive: Receive) -> _T:

@@ -16,11 +16,11 @@ from gateway import responses_api, sse
 from gateway.admission import AdmitterDep
 from gateway.background import BackgroundDep
 from gateway.deps import DispatcherDep, JsonBody, PoolDep, PrincipalDep, RequestIdDep, get_state
-from gateway.errors import unknown_model
+from gateway.dispatch import require_live
 from gateway.responses_schema import Response, ResponseCreateRequest
 from gateway.tenancy import owned
-from shared import jobqueue, registry
-from shared.errors import NoLiveWorker, NotFound
+from shared import jobqueue
+from shared.errors import NotFound
 from shared.ownership import ResourceKind
 
 router = APIRouter(tags=["responses"])
@@ -44,7 +44,7 @@ async def create_response(
     job = await admitter.admit(responses_api.response_job(body, request_id, created_at))
     pending = responses_api.pending_response(body, request_id, created_at)
     if body.background:
-        await _require_live(pool, body.model)
+        await require_live(pool, body.model)
         await background.responses.create(principal.tenant, pending, request_id)
         await jobqueue.enqueue(pool, job)
         return pending
@@ -80,16 +80,6 @@ async def cancel_response(response_id: str, background: BackgroundDep, pool: Poo
     if response.status == "cancelled":
         await jobqueue.abort(pool, request_id)
     return response
-
-
-async def _require_live(pool: PoolDep, model: str) -> None:
-    availability, _ = await registry.model_availability(pool, model)
-    if availability is registry.ModelAvailability.UNKNOWN:
-        raise unknown_model(model)
-    if availability is registry.ModelAvailability.KNOWN:
-        raise NoLiveWorker(
-            f"No worker is serving the model `{model}` right now; retry shortly.", param="model"
-        )
 
 
 def _missing(response_id: str) -> NotFound:

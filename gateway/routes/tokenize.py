@@ -11,15 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from fastapi import APIRouter
-from redis.asyncio import Redis
 
 from gateway import translate
 from gateway.deps import JsonBody, PoolDep, RequestIdDep
-from gateway.errors import unknown_model
+from gateway.dispatch import require_live
 from gateway.openai_schema import ErrorBody
 from gateway.tokenize_schema import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
-from shared import jobqueue, registry, replies
-from shared.errors import NoLiveWorker, error_from_info
+from shared import jobqueue, replies
+from shared.errors import error_from_info
 from shared.protocol import Failed, Tokenized, TokenizeJob
 
 router = APIRouter(tags=["tokenizer"])
@@ -49,19 +48,9 @@ async def detokenize(body: DetokenizeRequest, pool: PoolDep, request_id: Request
 
 
 async def _ask_worker(pool: PoolDep, job: TokenizeJob) -> Tokenized:
-    await _require_live(pool, job.model)
+    await require_live(pool, job.model)
     await jobqueue.enqueue_tokenize(pool, job)
     reply = await replies.await_reply(pool, job.request_id, REPLY_TIMEOUT_S)
     if isinstance(reply, Failed):
         raise error_from_info(reply.error)
     return reply
-
-
-async def _require_live(redis: Redis, model: str) -> None:
-    availability, _ = await registry.model_availability(redis, model)
-    if availability is registry.ModelAvailability.UNKNOWN:
-        raise unknown_model(model)
-    if availability is registry.ModelAvailability.KNOWN:
-        raise NoLiveWorker(
-            f"No worker is serving the model `{model}` right now; retry shortly.", param="model"
-        )
