@@ -126,6 +126,17 @@ def wait_for(
     raise AssertionError(f"batch {batch_id} stayed {batch.status} ({batch.request_counts})")
 
 
+def wait_for_progress(client: openai.OpenAI, batch_id: str, timeout_s: float = BATCH_TIMEOUT_S) -> Batch:
+    """Waits until some lines of a running batch have finished (on a busy machine, the first take a while)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        batch = client.batches.retrieve(batch_id)
+        if batch.request_counts is not None and batch.request_counts.completed > 0:
+            return batch
+        time.sleep(0.1)
+    raise AssertionError(f"batch {batch_id} finished no line ({batch.request_counts})")
+
+
 def output_lines(client: openai.OpenAI, file_id: str | None) -> list[dict[str, object]]:
     assert file_id is not None
     return [json.loads(line) for line in client.files.content(file_id).text.splitlines()]
@@ -287,7 +298,8 @@ def test_worker_and_gateway_killed_mid_batch_lose_and_duplicate_no_line(
     wait_for(client, batch.id, {"in_progress"})
     stack.add_gateway()  # started after the first gateway's runner claimed the batch
     stack.wait_ready()
-    assert 0 < client.batches.retrieve(batch.id).request_counts.completed < LINES  # type: ignore[union-attr]
+    half_way = wait_for_progress(client, batch.id)
+    assert half_way.status == "in_progress" and half_way.request_counts.completed < LINES  # type: ignore[union-attr]
 
     stack.workers[0].send_signal(signal.SIGKILL)
     stack.gateways[0][0].send_signal(signal.SIGKILL)  # the runner's gateway: the other must take over
