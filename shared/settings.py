@@ -191,6 +191,12 @@ class WorkerSettings(_Settings):
         131_072, gt=0, description="KV-cache budget: rows x longest final length (prompt + max_tokens)."
     )
     max_prefill_tokens: int = Field(512, gt=0, description="Prompt tokens prefilled per step (chunked).")
+    prefix_cache_tokens: int = Field(
+        4096, ge=0, description="Prompt tokens whose KV is kept for reuse by later prompts (0: off)."
+    )
+    onednn_linear: bool = Field(
+        True, description="On CPU (float32/bfloat16), run Linear layers as oneDNN ops on pre-packed weights."
+    )
     torch_threads: int | None = Field(
         None, gt=0, description="torch intra-op threads; default on CPU: one less than the cores."
     )
