@@ -1,0 +1,59 @@
+"""The worker's queue poll: it finds new jobs behind many running ones, and does not re-check its own."""
+
+from __future__ import annotations
+
+import asyncio
+
+from arq.constants import in_progress_key_prefix
+from redis.asyncio import Redis
+
+from shared import keys
+from tests.helpers import FAKE_MODEL, chat_body, running_stack
+
+
+async def test_a_new_job_starts_behind_more_running_jobs_than_arq_reads_per_poll(
+    redis_url: str, redis: Redis
+) -> None:
+    # 300 older jobs "running on other workers": arq alone reads max_jobs ids per poll (oldest
+    # first), would find only running ones and never see the new request behind them.
+    queue = keys.queue(FAKE_MODEL)
+    for index in range(300):
+        job_id = f"elsewhere-{index}"
+        await redis.zadd(queue, {job_id: 1 + index})
+        await redis.set(in_progress_key_prefix + job_id, b"1", px=60_000)
+    # (The gateway counts them as waiting: they have no run records. Its queue bound is not under test.)
+    async with running_stack(redis_url, gateway={"max_queued_requests": 1000}, max_batch_size=4) as client:
+        response = await asyncio.wait_for(
+            client.post("/v1/chat/completions", json=chat_body(max_tokens=3)), timeout=10
+        )
+    assert response.status_code == 200, response.text
+    assert response.json()["usage"]["completion_tokens"] == 3
+
+
+async def test_polls_do_not_recheck_the_jobs_this_worker_runs(redis_url: str, redis: Redis) -> None:
+    async with running_stack(redis_url, max_batch_size=8, fake_step_delay_s=0.05) as client:
+        requests = [
+            asyncio.create_task(client.post("/v1/chat/completions", json=chat_body(max_tokens=40)))
+            for _ in range(8)
+        ]
+        await _until_running(redis, 8)
+        watches_before = await _calls(redis, "watch")
+        await asyncio.sleep(1.0)  # ~100 polls at the tests' 10 ms poll delay
+        watches_during = await _calls(redis, "watch") - watches_before
+        responses = await asyncio.gather(*requests)
+    assert all(response.status_code == 200 for response in responses)
+    # arq's own poll WATCHes every running job it reads: 8 jobs x ~100 polls.
+    assert watches_during == 0
+
+
+async def _until_running(redis: Redis, count: int) -> None:
+    async with asyncio.timeout(10):
+        for _ in iter(int, 1):  # until enough jobs are claimed
+            if int(await redis.scard(keys.running(FAKE_MODEL))) >= count:  # type: ignore[misc]
+                return
+            await asyncio.sleep(0.02)
+
+
+async def _calls(redis: Redis, command: str) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
