@@ -48,7 +48,7 @@ async def test_polls_do_not_recheck_the_jobs_this_worker_runs(redis_url: str, re
 
 async def _until_running(redis: Redis, count: int) -> None:
     async with asyncio.timeout(10):
-        for _ in iter(int, 1):  # until enough jobs are claimed
+        while True:
             if int(await redis.scard(keys.running(FAKE_MODEL))) >= count:  # type: ignore[misc]
                 return
             await asyncio.sleep(0.02)
