@@ -80,12 +80,15 @@ def _load_transformers_backend(settings: WorkerSettings) -> Backend:
     import torch
 
     from worker.model_loading import load_model
+    from worker.onednn_linear import can_pack, pack_linear_layers
     from worker.tokenization import HFTokenizer, load_chat_template
 
     loaded = load_model(settings)
     threads = settings.torch_threads or _default_cpu_threads(loaded.device.type)
     if threads:
         torch.set_num_threads(threads)
+    if settings.onednn_linear and can_pack(loaded.model):
+        pack_linear_layers(loaded.model)
     if settings.compile:
         loaded.model.forward = torch.compile(loaded.model.forward, **settings.compile_args.model_dump())
     template = load_chat_template(settings.chat_template) if settings.chat_template else None
@@ -128,7 +131,7 @@ def _build_engine(model: Any, settings: WorkerSettings) -> Engine:
             use_cache=not settings.disable_kv_cache,
         )
     limits = BatchLimits(settings.max_batch_size, settings.max_batch_tokens, settings.max_prefill_tokens)
-    return TransformersEngine(model, limits)
+    return TransformersEngine(model, limits, prefix_cache_tokens=settings.prefix_cache_tokens)
 
 
 def build_worker(settings: WorkerSettings, *, handle_signals: bool = True) -> Worker:
