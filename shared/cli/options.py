@@ -110,7 +110,18 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> Flags:
         add("--max-batch-size", type=int, metavar="N", help="sequences decoding together at most"),
         add("--max-batch-tokens", type=int, metavar="N", help="KV-cache budget in tokens (rows x longest)"),
         add("--max-prefill-tokens", type=int, metavar="N", help="prompt tokens prefilled per step"),
+        add(
+            "--prefix-cache-tokens",
+            type=int,
+            metavar="N",
+            help="prompt tokens whose KV later prompts may reuse (default 4096; 0: off)",
+        ),
         add("--torch-threads", type=int, metavar="N", help="torch threads (default on CPU: cores - 1)"),
+        add(
+            "--onednn-linear",
+            action=argparse.BooleanOptionalAction,
+            help="CPU float32: Linear layers as oneDNN ops on pre-packed weights (default on)",
+        ),
         add("--trust-remote-code", action=argparse.BooleanOptionalAction),
         add("--cache-dir", type=Path, help="where converted GGUF models are kept"),
         add("--poll-delay", dest="poll_delay_s", type=float, metavar="S", help="queue poll interval"),
