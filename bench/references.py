@@ -154,12 +154,17 @@ def continuous_batching(loaded: LoadedModel, prompts: Sequence[list[int]], new_t
 
 
 def engine(loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int) -> dict[str, Any]:
-    """tokenferry's batched engine, no server: all prompts added at once, stepped to the end."""
+    """tokenferry's batched engine, no server: all prompts added at once, stepped to the end.
+
+    With the worker's default prefix cache, so the number is what the worker runs.
+    """
+    from shared.settings import WorkerSettings
     from worker.engine import EngineRequest, SamplingParams
     from worker.engine.hf import TransformersEngine
     from worker.engine.scheduler import BatchLimits
 
-    batched = TransformersEngine(loaded.model, BatchLimits(max_batch_size=len(prompts)))
+    prefix_cache_tokens = WorkerSettings().prefix_cache_tokens
+    batched = TransformersEngine(loaded.model, BatchLimits(max_batch_size=len(prompts)), prefix_cache_tokens)
     for index, prompt in enumerate(prompts):
         # An empty EOS set forces the full length, like the other references.
         batched.add(EngineRequest(f"r{index}", tuple(prompt), SamplingParams(), new_tokens, frozenset()))

@@ -28,8 +28,10 @@ def tiny_llama() -> LlamaForCausalLM:
     return LlamaForCausalLM(config).eval()
 
 
-def batched_engine(model: LlamaForCausalLM, **limits: int) -> TransformersEngine:
-    return TransformersEngine(model, BatchLimits(**limits))
+def batched_engine(
+    model: LlamaForCausalLM, prefix_cache_tokens: int = 0, **limits: int
+) -> TransformersEngine:
+    return TransformersEngine(model, BatchLimits(**limits), prefix_cache_tokens=prefix_cache_tokens)
 
 
 def request(

@@ -121,6 +121,12 @@ class WorkerMetrics:
         self.generation_tokens = Counter(
             "generation_tokens", "Tokens generated.", namespace=NAMESPACE, registry=registry
         )
+        self.prefix_cache_hits = Counter(
+            "prefix_cache_hit_tokens",
+            "Prompt tokens whose KV was reused from the prefix cache instead of prefilled.",
+            namespace=NAMESPACE,
+            registry=registry,
+        )
         self.failovers = Counter(
             "failovers",
             "Jobs of dead workers this worker's reaper put back in the queue to be resumed.",
@@ -130,6 +136,10 @@ class WorkerMetrics:
 
     def observe_engine(self, stats: EngineStats) -> None:
         """The engine's occupancy, read between steps."""
+        # The engine's count is cumulative; the counter grows by what is new since the last read.
+        self.prefix_cache_hits.inc(
+            max(0, stats.prefix_cache_hit_tokens - self._engine_stats.prefix_cache_hit_tokens)
+        )
         self._engine_stats = stats
         self.running.set(stats.running)
         self.waiting.set(stats.waiting)

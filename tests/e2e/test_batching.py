@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 import openai
 import pytest
 
 from shared.settings import WorkerSettings
 from tests.engines import request, run_to_end
+from worker.engine import EngineRequest
 from worker.engine.hf import TransformersEngine
 from worker.engine.scheduler import BatchLimits
+
+if TYPE_CHECKING:
+    from worker.model_loading import LoadedModel
 
 # Generous: these run the real model on 2 busy cores.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -27,26 +32,50 @@ QUESTIONS = [
 ]
 
 
-def test_greedy_tokens_alone_equal_tokens_in_a_full_batch() -> None:
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
     from worker.model_loading import load_model
 
-    loaded = load_model(WorkerSettings())
+    return load_model(WorkerSettings())
+
+
+@pytest.fixture(scope="module")
+def chat_requests(loaded: LoadedModel) -> list[EngineRequest]:
+    """The questions as the worker renders them: every prompt starts with the template's system prompt."""
     prompts = [
         loaded.tokenizer.apply_chat_template(
             [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
         )
         for question in QUESTIONS
     ]
-    requests = [
+    return [
         request(f"q{i}", loaded.tokenizer.encode(text, add_special_tokens=False), max_new_tokens=24, eos=[2])
         for i, text in enumerate(prompts)
     ]
+
+
+def test_greedy_tokens_alone_equal_tokens_in_a_full_batch(
+    loaded: LoadedModel, chat_requests: list[EngineRequest]
+) -> None:
     alone = {
         r.request_id: run_to_end(TransformersEngine(loaded.model, BatchLimits()), [r])[r.request_id]
-        for r in requests
+        for r in chat_requests
     }
-    together = run_to_end(TransformersEngine(loaded.model, BatchLimits(max_prefill_tokens=64)), requests)
+    together = run_to_end(TransformersEngine(loaded.model, BatchLimits(max_prefill_tokens=64)), chat_requests)
     assert together == alone
+
+
+def test_greedy_tokens_with_the_prefix_cache_equal_tokens_without_it(
+    loaded: LoadedModel, chat_requests: list[EngineRequest]
+) -> None:
+    # A prefill budget of two prompts a step: the later prompts find the first ones' system prompt cached.
+    limits = BatchLimits(max_prefill_tokens=64)
+    without_cache = run_to_end(TransformersEngine(loaded.model, limits), chat_requests)
+    cached = TransformersEngine(
+        loaded.model, limits, prefix_cache_tokens=WorkerSettings().prefix_cache_tokens
+    )
+    assert run_to_end(cached, chat_requests) == without_cache
+    assert cached.stats().prefix_cache_hit_tokens > 0
 
 
 async def test_concurrent_http_requests_get_the_answers_they_get_alone(gateway_url: str, model: str) -> None:

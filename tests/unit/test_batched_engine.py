@@ -7,6 +7,8 @@ from transformers import LlamaForCausalLM
 
 from shared.protocol import FinishReason
 from tests.engines import batched_engine, request, run_to_end, tiny_llama
+from worker.engine import EngineRequest, SamplingParams, SequenceUpdate, TokenScore
+from worker.engine.hf import TransformersEngine
 from worker.engine.sequential import SequentialEngine
 
 PROMPTS = {"a": [5, 6, 7], "b": [9, 10, 11, 12, 13, 14, 15, 16, 17], "c": [20], "d": [30, 31, 32, 33, 34]}
@@ -183,3 +185,120 @@ def test_every_sequence_keeps_its_own_parameters_inside_one_batch(model: LlamaFo
         "plain"
     ]
     assert all(together[name] != plain for name in ("top_k", "top_p", "typical_p", "min_p"))
+
+
+# A long shared start, like a chat template's system prompt; the prompts below continue it.
+SHARED = [40 + (i * 7) % 60 for i in range(30)]
+Arrivals = dict[str | None, list[EngineRequest]]
+
+
+def drive(engine: TransformersEngine, arrivals: Arrivals) -> list[list[SequenceUpdate]]:
+    """Step to the end: ``arrivals[None]`` are added first, ``arrivals[rid]`` right after ``rid`` finishes."""
+    for r in arrivals.get(None, []):
+        engine.add(r)
+    steps = []
+    while engine.has_unfinished():
+        steps.append(engine.step())
+        for finished in [u.request_id for u in steps[-1] if u.is_finished]:
+            for r in arrivals.get(finished, []):
+                engine.add(r)
+    return steps
+
+
+def tokens_of(steps: list[list[SequenceUpdate]]) -> dict[str, list[int]]:
+    produced: dict[str, list[int]] = {}
+    for update in (u for step in steps for u in step):
+        produced.setdefault(update.request_id, []).extend(update.new_token_ids)
+    return produced
+
+
+def with_and_without_prefix_cache(
+    model: LlamaForCausalLM, arrivals: Arrivals, **limits: int
+) -> tuple[list[list[SequenceUpdate]], list[list[SequenceUpdate]], int]:
+    """The steps of the same arrivals with the prefix cache on, then off; and the tokens the cache served."""
+    cached = batched_engine(model, prefix_cache_tokens=1000, **limits)
+    with_cache = drive(cached, arrivals)
+    without_cache = drive(batched_engine(model, **limits), arrivals)
+    return with_cache, without_cache, cached.stats().prefix_cache_hit_tokens
+
+
+def test_prompts_reusing_a_cached_prefix_in_one_prefill_step_decode_as_without_the_cache(
+    model: LlamaForCausalLM,
+) -> None:
+    group = [
+        request("longer_rest", [*SHARED, 2, 3, 4, 5]),
+        request("one_token_rest", [*SHARED, 6]),
+        request("unrelated", PROMPTS["b"]),
+        request("shorter_share", [*SHARED[:20], *range(7, 20)]),
+    ]
+    arrivals: Arrivals = {None: [request("warm", [*SHARED, 1], max_new_tokens=2)], "warm": group}
+    with_cache, without_cache, hit_tokens = with_and_without_prefix_cache(model, arrivals)
+    assert tokens_of(with_cache) == tokens_of(without_cache)
+    # The whole group was prefilled in one forward: it all produced its first token in the same step.
+    assert {r.request_id for r in group} in [{u.request_id for u in step} for step in with_cache]
+    # 30 tokens reused by each of the first two, 20 by the last one; none by the unrelated prompt.
+    assert hit_tokens == 30 + 30 + 20
+
+
+def test_a_prompt_reusing_a_finished_requests_prefix_joins_running_decodes_unchanged(
+    model: LlamaForCausalLM,
+) -> None:
+    arrivals: Arrivals = {
+        None: [
+            request("early", [*SHARED, 1], max_new_tokens=3),
+            request("running", PROMPTS["b"], max_new_tokens=30),
+        ],
+        "early": [request("late", [*SHARED, 9, 8, 7], max_new_tokens=12)],
+    }
+    with_cache, without_cache, hit_tokens = with_and_without_prefix_cache(model, arrivals)
+    assert tokens_of(with_cache) == tokens_of(without_cache)
+    joined = next(step for step in with_cache if any(u.request_id == "late" for u in step))
+    assert {u.request_id for u in joined} == {"running", "late"}  # it joined while "running" decoded
+    assert hit_tokens == 30
+
+
+def test_the_rest_of_a_prompt_after_a_cached_prefix_is_chunked_by_the_prefill_budget(
+    model: LlamaForCausalLM,
+) -> None:
+    arrivals: Arrivals = {
+        None: [request("warm", [*SHARED, 1], max_new_tokens=2)],
+        "warm": [request("long_rest", [*SHARED, *range(20, 31)]), request("next", [*SHARED, 5, 5, 5, 5, 5])],
+    }
+    with_cache, without_cache, hit_tokens = with_and_without_prefix_cache(
+        model, arrivals, max_prefill_tokens=4
+    )
+    assert tokens_of(with_cache) == tokens_of(without_cache)
+    assert hit_tokens == 30 + 30
+    # 11 tokens after the cached 30 at 4 a step: the first token comes 3 steps after arrival, not 11.
+    arrival = next(
+        i for i, step in enumerate(with_cache) if any(u.request_id == "warm" and u.is_finished for u in step)
+    )
+    first = next(i for i, step in enumerate(with_cache) if any(u.request_id == "long_rest" for u in step))
+    assert first - arrival == 3
+
+
+def test_prompt_logprobs_requests_bypass_the_prefix_cache_and_score_the_same(model: LlamaForCausalLM) -> None:
+    scored = EngineRequest(
+        "scored",
+        (*SHARED, 3, 4),
+        SamplingParams(),
+        max_new_tokens=4,
+        eos_token_ids=frozenset(),
+        prompt_logprobs=2,
+    )
+    arrivals: Arrivals = {
+        None: [request("warm", [*SHARED, 1], max_new_tokens=2)],
+        "warm": [scored, request("plain", [*SHARED, 5, 6])],
+    }
+    with_cache, without_cache, hit_tokens = with_and_without_prefix_cache(model, arrivals)
+
+    def prompt_scores(steps: list[list[SequenceUpdate]]) -> tuple[TokenScore | None, ...]:
+        first = next(u for step in steps for u in step if u.request_id == "scored")
+        assert first.prompt_logprobs is not None and len(first.prompt_logprobs) == len(
+            scored.prompt_token_ids
+        )
+        return first.prompt_logprobs
+
+    assert prompt_scores(with_cache) == prompt_scores(without_cache)
+    assert tokens_of(with_cache) == tokens_of(without_cache)
+    assert hit_tokens == 30  # the plain prompt's reuse only

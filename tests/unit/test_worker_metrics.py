@@ -50,6 +50,16 @@ def test_engine_occupancy_and_kv_cache_use_are_gauges() -> None:
     assert _scrape(metrics).value("tokenferry_worker_kv_cache_usage_ratio") == 0
 
 
+def test_prefix_cache_hits_become_a_counter_of_reused_prompt_tokens() -> None:
+    metrics = WorkerMetrics()
+    metrics.observe_engine(EngineStats(running=1, waiting=0, prefix_cache_hit_tokens=24))
+    metrics.observe_engine(EngineStats(running=2, waiting=0, prefix_cache_hit_tokens=24))
+    metrics.observe_engine(EngineStats(running=2, waiting=0, prefix_cache_hit_tokens=60))
+    scrape = _scrape(metrics)
+    assert scrape.type_of("tokenferry_worker_prefix_cache_hit_tokens") == "counter"
+    assert scrape.value("tokenferry_worker_prefix_cache_hit_tokens_total") == 60
+
+
 def test_admission_counts_prompt_tokens_and_queue_wait_since_creation() -> None:
     metrics = WorkerMetrics()
     metrics.observe_admission(_job(created_at=time.time() - 0.5), prompt_tokens=12)

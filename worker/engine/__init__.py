@@ -98,6 +98,7 @@ class EngineStats:
     waiting: int  # added, not admitted yet
     kv_reserved_tokens: int = 0  # cache positions the running sequences may reach
     kv_capacity_tokens: int = 0  # the budget they are admitted against; 0: none (no shared cache)
+    prefix_cache_hit_tokens: int = 0  # prompt tokens served from the prefix cache so far (cumulative)
 
 
 class Engine(Protocol):

@@ -13,6 +13,20 @@ step samples from (``sampling.score_tokens``); a prompt whose logprobs were aske
 keeps its prefill's logits at every position instead of the last one only.
 Requests the batch cannot honour (beam search) run alone through
 ``model.generate`` (``sequential.run_beam_search``).
+
+Prefix caching (``prefix_cache.py``; off unless ``prefix_cache_tokens`` > 0): chat
+prompts share their template's system prompt, so, as vLLM and SGLang do, every
+prefilled prompt's KV is kept and a later prompt starting the same way is seeded
+with it and prefills only the rest. All prompts whose last chunk runs in a step
+share one padded forward whatever they already hold (nothing, a reused prefix,
+earlier chunks): a row is [padding, held, padding, rest], the mask covers both
+paddings. Prompt-logprobs requests need every position's logits and never reuse.
+Numerics caveat: a reused prefix's KV was computed in another batch, so floats
+can differ in the last bits from recomputing it.
+Intentional divergence: the lookup runs before each step's prefill plan for the
+prompts not started yet, not once at admission: a burst is admitted in one step,
+before anything is stored, so only a later lookup lets the prompts that wait for
+prefill budget reuse what the first step stored.
 """
 
 from __future__ import annotations
@@ -24,7 +38,8 @@ from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
 
 from shared.protocol import FinishReason
 from worker.engine import EngineRequest, EngineStats, SequenceUpdate, TokenScore, output_start
-from worker.engine.kv_cache import PaddedKVCache
+from worker.engine.kv_cache import PaddedKVCache, single_row_cache, stack_left_padded
+from worker.engine.prefix_cache import PrefixCache
 from worker.engine.sampling import build_processors, choose_token, make_generator, score_tokens, trim_score
 from worker.engine.scheduler import BatchLimits, PrefillChunk, Scheduler, final_length, reserved_tokens
 from worker.engine.sequential import run_beam_search
@@ -82,10 +97,11 @@ class _Sequence:
 class TransformersEngine:
     """An ``Engine`` whose running sequences share every decode forward pass."""
 
-    def __init__(self, model: PreTrainedModel, limits: BatchLimits) -> None:
+    def __init__(self, model: PreTrainedModel, limits: BatchLimits, prefix_cache_tokens: int = 0) -> None:
         self._model = model
         self._device = model.device
         self._scheduler = Scheduler(limits)
+        self._prefix_cache = PrefixCache(prefix_cache_tokens)
         self._prefilling: dict[str, _Sequence] = {}
         self._rows: list[_Sequence] = []  # row i of the cache is self._rows[i]
         self._kv: PaddedKVCache | None = None
@@ -108,6 +124,7 @@ class TransformersEngine:
             waiting=len(self._scheduler.waiting),
             kv_reserved_tokens=reserved_tokens([final_length(sequence.request) for sequence in admitted]),
             kv_capacity_tokens=self._scheduler.limits.max_batch_tokens,
+            prefix_cache_hit_tokens=self._prefix_cache.hit_tokens,
         )
 
     def close(self) -> None:
@@ -157,42 +174,54 @@ class TransformersEngine:
     def _prefill(self) -> list[SequenceUpdate]:
         # Interactive prompts are prefilled before batch ones (sorted() is stable: FIFO within a priority).
         prefilling = sorted(self._prefilling.values(), key=lambda s: s.request.priority)
+        self._reuse_prefixes(prefilling)
         progress = [(s.request_id, s.prefilled, len(s.request.prompt_token_ids)) for s in prefilling]
         chunks = self._scheduler.plan_prefill(progress)
-        # Prompts that fit the step's budget whole share one padded forward; the rest go chunk by chunk.
-        whole = [self._prefilling.pop(c.request_id) for c in chunks if c.start == 0 and c.is_last]
-        updates = self._prefill_together(whole) if whole else []
+        # Prompts whose last chunk fits the step share one padded forward; an earlier chunk runs alone.
+        last = [self._prefilling.pop(c.request_id) for c in chunks if c.is_last]
         for chunk in chunks:
-            if chunk.request_id in self._prefilling:
-                updates += self._prefill_chunk(self._prefilling[chunk.request_id], chunk)
-        return updates
+            if not chunk.is_last:
+                self._prefill_chunk(self._prefilling[chunk.request_id], chunk)
+        return self._prefill_together(last) if last else []
+
+    def _reuse_prefixes(self, sequences: list[_Sequence]) -> None:
+        """Seed the prompts not started yet with the longest cached prefix of theirs, if any."""
+        for sequence in sequences:
+            if sequence.prefilled or sequence.wants_prompt_scores:
+                continue  # prompt logprobs need every position's logits: nothing can be skipped
+            hit = self._prefix_cache.match(sequence.request.prompt_token_ids)
+            if hit is not None:
+                sequence.prefill_cache = single_row_cache(hit.layers, self._model.config)
+                sequence.prefilled = hit.length
 
     def _prefill_together(self, sequences: list[_Sequence]) -> list[SequenceUpdate]:
-        """One left-padded forward over whole prompts; the group then joins the batch at once."""
-        prompts = [s.request.prompt_token_ids for s in sequences]
-        length = max(len(prompt) for prompt in prompts)
-        rows = [[0] * (length - len(prompt)) + list(prompt) for prompt in prompts]
-        mask = torch.tensor([[0] * (length - len(p)) + [1] * len(p) for p in prompts], device=self._device)
-        cache = DynamicCache(config=self._model.config)
+        """One padded forward over the rest of each prompt (``_prefill_layout``); then they join the batch."""
+        rests = [s.request.prompt_token_ids[s.prefilled :] for s in sequences]
+        past, width = max(s.prefilled for s in sequences), max(len(rest) for rest in rests)
+        ids, mask_rows = _prefill_layout([s.prefilled for s in sequences], rests)
+        input_ids, mask = torch.tensor(ids, device=self._device), torch.tensor(mask_rows, device=self._device)
+        cache = stack_left_padded([s.prefill_cache for s in sequences], past, self._model.config)
         keep_all = any(sequence.wants_prompt_scores for sequence in sequences)
         output = self._model(
-            input_ids=torch.tensor(rows, device=self._device),
+            input_ids=input_ids,
             attention_mask=mask,
-            position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0),
+            position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0)[:, past:],
             past_key_values=cache,
             use_cache=True,
             # Only the last position is sampled: skip the rest of the LM head unless prompt logprobs need it.
             logits_to_keep=0 if keep_all else 1,
         )
-        for row, sequence in enumerate(sequences):
-            sequence.prefilled = len(sequence.request.prompt_token_ids)
+        for row, (sequence, rest) in enumerate(zip(sequences, rests, strict=True)):
             if sequence.wants_prompt_scores:
-                sequence.score_prompt(output.logits[row, length - sequence.prefilled :], 0)
-        self._join_batch(sequences, PaddedKVCache(cache, mask))
+                sequence.score_prompt(output.logits[row, width - len(rest) :], sequence.prefilled)
+            sequence.prefilled, sequence.prefill_cache = len(sequence.request.prompt_token_ids), None
+        batch = PaddedKVCache(cache, mask)
+        self._store_prompts(sequences, batch)
+        self._join_batch(sequences, batch)
         return self._sample_rows(sequences, output.logits[:, -1, :])
 
-    def _prefill_chunk(self, sequence: _Sequence, chunk: PrefillChunk) -> list[SequenceUpdate]:
-        """Prefill part of one long prompt into its own cache; it joins after its last chunk."""
+    def _prefill_chunk(self, sequence: _Sequence, chunk: PrefillChunk) -> None:
+        """Prefill a part of a long prompt (not its last) into the prompt's own cache."""
         if sequence.prefill_cache is None:
             sequence.prefill_cache = DynamicCache(config=self._model.config)
         tokens = sequence.request.prompt_token_ids[chunk.start : chunk.stop]
@@ -201,19 +230,19 @@ class TransformersEngine:
             position_ids=torch.arange(chunk.start, chunk.stop, device=self._device).unsqueeze(0),
             past_key_values=sequence.prefill_cache,
             use_cache=True,
-            # Only the last position is sampled: skip the rest of the LM head unless prompt logprobs need it.
+            # Nothing is sampled here: keep one position's logits unless prompt logprobs need them all.
             logits_to_keep=0 if sequence.wants_prompt_scores else 1,
         )
         sequence.prefilled = chunk.stop
         if sequence.wants_prompt_scores:
             sequence.score_prompt(output.logits[0], chunk.start)
-        if not chunk.is_last:
-            return []
-        del self._prefilling[sequence.request_id]
-        mask = torch.ones((1, sequence.prefilled), dtype=torch.long, device=self._device)
-        self._join_batch([sequence], PaddedKVCache(sequence.prefill_cache, mask))
-        sequence.prefill_cache = None
-        return self._sample_rows([sequence], output.logits[:, -1, :])
+
+    def _store_prompts(self, sequences: list[_Sequence], batch: PaddedKVCache) -> None:
+        """Keep each freshly prefilled prompt's KV (its row's real columns) for later prompts."""
+        if not self._prefix_cache.is_enabled:
+            return
+        for row, sequence in enumerate(sequences):
+            self._prefix_cache.store(sequence.request.prompt_token_ids, batch.row_kv(row))
 
     def _join_batch(self, sequences: list[_Sequence], cache: PaddedKVCache) -> None:
         """Append prefilled rows; rows that finish on their first token leave again at the step's end."""
@@ -247,6 +276,18 @@ class TransformersEngine:
             self._kv = None
         elif self._kv is not None:
             self._kv.keep(keep)
+
+
+def _prefill_layout(held: list[int], rests: list[tuple[int, ...]]) -> tuple[list[list[int]], list[list[int]]]:
+    """Input ids and attention mask of rows that already hold ``held[i]`` tokens (left-padded to the
+    most held) and go on with ``rests[i]`` (left-padded to the longest rest)."""
+    past, width = max(held), max(len(rest) for rest in rests)
+    input_ids = [[0] * (width - len(rest)) + list(rest) for rest in rests]
+    mask = [
+        [0] * (past - count) + [1] * count + [0] * (width - len(rest)) + [1] * len(rest)
+        for count, rest in zip(held, rests, strict=True)
+    ]
+    return input_ids, mask
 
 
 def _score_rows(rows: list[_Sequence], logits: torch.Tensor, tokens: list[int]) -> dict[int, TokenScore]:

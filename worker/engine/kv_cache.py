@@ -13,7 +13,10 @@ and ran 2.05x transformers' ``generate_batch`` at 64. The operations:
 become padding for every row. Every decode step is then one forward over
 ``[batch, 1]`` tokens. Padding costs memory and attention work proportional to
 the length spread in the batch; admission by token budget (``scheduler.py``)
-bounds it.
+bounds it. A row may also hold padding in its middle: a prompt prefilled on top
+of a reused prefix (``prefix_cache.py``) sits as [padding, prefix, padding,
+rest] in the group it is prefilled with (``stack_left_padded``); the mask covers
+it, and ``keep`` trims only columns that are padding for every row.
 
 Intentional divergence: transformers' cache layers are rewritten in place
 (``layer.keys``/``layer.values``). That is version-specific, so it lives here
@@ -41,10 +44,7 @@ class PaddedKVCache:
         return all(type(layer) is DynamicLayer for layer in DynamicCache(config=config).layers)
 
     def _layers(self) -> list[DynamicLayer]:
-        layers = [layer for layer in self.cache.layers if type(layer) is DynamicLayer]
-        if len(layers) != len(self.cache.layers):
-            raise TypeError("PaddedKVCache holds full-attention DynamicLayers only")
-        return layers
+        return _full_attention_layers(self.cache)
 
     @property
     def batch_size(self) -> int:
@@ -91,6 +91,14 @@ class PaddedKVCache:
             layer.values = values.index_select(0, index)[:, :, start:, :]
         self.attention_mask = self.attention_mask[:, start:]
 
+    def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Row ``row``'s KV at its real (mask 1) columns, in order; per layer ``[heads, tokens, dim]``."""
+        columns = self.attention_mask[row].nonzero().squeeze(1)
+        return [
+            (keys[row].index_select(1, columns), values[row].index_select(1, columns))
+            for keys, values in map(_tensors, self._layers())
+        ]
+
     def _first_used_column(self) -> int:
         used = self.attention_mask.any(dim=0).nonzero()
         return int(used[0]) if len(used) else self.length
@@ -101,6 +109,44 @@ class PaddedKVCache:
             keys, values = _tensors(layer)
             padded.append((_left_pad(keys, length, dim=2), _left_pad(values, length, dim=2)))
         return padded
+
+
+def single_row_cache(
+    layers: list[tuple[torch.Tensor, torch.Tensor]], config: PreTrainedConfig
+) -> DynamicCache:
+    """A one-row cache holding ``layers`` (per layer ``[kv_heads, tokens, head_dim]``), via the public API."""
+    cache = DynamicCache(config=config)
+    for index, (keys, values) in enumerate(layers):
+        cache.update(keys.unsqueeze(0), values.unsqueeze(0), index)
+    return cache
+
+
+def stack_left_padded(rows: list[DynamicCache | None], length: int, config: PreTrainedConfig) -> DynamicCache:
+    """One batch cache ``length`` columns wide: row ``i`` is the one-row cache ``rows[i]`` left-padded
+    (None: all padding). Empty when ``length`` is 0."""
+    cache = DynamicCache(config=config)
+    per_row = [
+        None if row is None else [_tensors(layer) for layer in _full_attention_layers(row)] for row in rows
+    ]
+    template = next((layers for layers in per_row if layers is not None), None)
+    if length == 0 or template is None:
+        return cache
+    for index, (keys, values) in enumerate(template):
+        nothing = (keys[:, :, :0], values[:, :, :0])  # a row with no past: all of it is padding
+        padded = [nothing if layers is None else layers[index] for layers in per_row]
+        cache.update(
+            torch.cat([_left_pad(row_keys, length, dim=2) for row_keys, _ in padded], dim=0),
+            torch.cat([_left_pad(row_values, length, dim=2) for _, row_values in padded], dim=0),
+            index,
+        )
+    return cache
+
+
+def _full_attention_layers(cache: DynamicCache) -> list[DynamicLayer]:
+    layers = [layer for layer in cache.layers if type(layer) is DynamicLayer]
+    if len(layers) != len(cache.layers):
+        raise TypeError("PaddedKVCache holds full-attention DynamicLayers only")
+    return layers
 
 
 def _tensors(layer: DynamicLayer) -> tuple[torch.Tensor, torch.Tensor]:
