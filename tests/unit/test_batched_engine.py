@@ -234,7 +234,7 @@ def test_prompts_reusing_a_cached_prefix_in_one_prefill_step_decode_as_without_t
     arrivals: Arrivals = {None: [request("warm", [*SHARED, 1], max_new_tokens=2)], "warm": group}
     with_cache, without_cache, hit_tokens = with_and_without_prefix_cache(model, arrivals)
     assert tokens_of(with_cache) == tokens_of(without_cache)
-    # The whole group was prefilled in one forward: it all produced its first token in the same step.
+    # The whole group was prefilled in one step: it all produced its first token then.
     assert {r.request_id for r in group} in [{u.request_id for u in step} for step in with_cache]
     # 30 tokens reused by each of the first two, 20 by the last one; none by the unrelated prompt.
     assert hit_tokens == 30 + 30 + 20

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.engines import request
-from worker.engine.scheduler import BatchLimits, PrefillChunk, Scheduler
+from worker.engine.scheduler import BatchLimits, PrefillChunk, Scheduler, group_by_length
 
 
 def test_admission_is_fifo_and_never_skips_the_head() -> None:
@@ -28,3 +28,14 @@ def test_prefill_is_chunked_by_the_step_budget_oldest_first() -> None:
     chunks = scheduler.plan_prefill([("long", 20, 25), ("short", 0, 4)])
     assert chunks == [PrefillChunk("long", 20, 25, 25), PrefillChunk("short", 0, 4, 4)]
     assert chunks[0].is_last and chunks[1].is_last
+
+
+def test_prompts_finishing_prefill_are_grouped_where_a_forward_costs_less_than_the_padding_it_saves() -> None:
+    assert group_by_length([], overhead=32) == []
+    assert group_by_length([40] * 5, overhead=32) == [[0, 1, 2, 3, 4]]
+    # 18 remainders of 16 beside one of 36: two forwards (18 x 16 + 36 + 2 x 32) beat one (19 x 36 + 32).
+    assert group_by_length([16] * 9 + [36] + [16] * 9, overhead=32) == [[*range(9), *range(10, 19)], [9]]
+    # Close lengths stay together, shortest first.
+    assert group_by_length([12, 10, 11], overhead=32) == [[1, 2, 0]]
+    assert group_by_length([3, 100], overhead=0) == [[0], [1]]
+    assert group_by_length([3, 100], overhead=1000) == [[0, 1]]

@@ -142,6 +142,18 @@ def stack_left_padded(rows: list[DynamicCache | None], length: int, config: PreT
     return cache
 
 
+def prefill_layout(held: list[int], rests: list[tuple[int, ...]]) -> tuple[list[list[int]], list[list[int]]]:
+    """Input ids and attention mask of rows that already hold ``held[i]`` tokens (left-padded to the
+    most held) and go on with ``rests[i]`` (left-padded to the longest rest)."""
+    past, width = max(held), max(len(rest) for rest in rests)
+    input_ids = [[0] * (width - len(rest)) + list(rest) for rest in rests]
+    mask = [
+        [0] * (past - count) + [1] * count + [0] * (width - len(rest)) + [1] * len(rest)
+        for count, rest in zip(held, rests, strict=True)
+    ]
+    return input_ids, mask
+
+
 def _full_attention_layers(cache: DynamicCache) -> list[DynamicLayer]:
     layers = [layer for layer in cache.layers if type(layer) is DynamicLayer]
     if len(layers) != len(cache.layers):

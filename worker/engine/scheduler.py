@@ -13,6 +13,14 @@ wait in the queue; they never fail.
 Prefill is chunked: each step spends at most ``max_prefill_tokens`` on prompts,
 so a long prompt delays the decoding batch by one chunk per step, not by its
 whole prefill.
+
+The prompts that finish prefill in a step run as padded forwards of rows x the
+longest remainder; ``group_by_length`` splits them where one more forward costs
+less than the padding it saves. Measured on a 2-core CPU (SmolLM2-135M): about
+3.4 ms per padded token slot plus ~110 ms per forward, so one forward's fixed
+cost is worth ``PREFILL_FORWARD_OVERHEAD_TOKENS`` = 32 slots. It matters with the
+prefix cache: 19 prompts with ~16 tokens left after a cached prefix shared a
+forward with one 36-token chunk remainder, 19 x 36 slots (2.34 s) for 340 tokens.
 """
 
 from __future__ import annotations
@@ -40,6 +48,25 @@ class PrefillChunk:
     @property
     def is_last(self) -> bool:
         return self.stop == self.prompt_length
+
+
+PREFILL_FORWARD_OVERHEAD_TOKENS = 32
+
+
+def group_by_length(lengths: list[int], overhead: int = PREFILL_FORWARD_OVERHEAD_TOKENS) -> list[list[int]]:
+    """Indices of ``lengths`` in groups, each one padded forward costing ``overhead`` plus rows x its
+    longest, at the least total cost (shortest first). Optimal groups are runs of the sorted lengths."""
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    cost, cut = [0] + [0] * len(order), [0] * (len(order) + 1)  # best cost of the first j, its last cut
+    for j in range(1, len(order) + 1):
+        longest = lengths[order[j - 1]]
+        cost[j], cut[j] = min((cost[i] + overhead + (j - i) * longest, i) for i in range(j))
+    groups: list[list[int]] = []
+    end = len(order)
+    while end > 0:
+        groups.insert(0, order[cut[end] : end])
+        end = cut[end]
+    return groups
 
 
 def final_length(request: EngineRequest) -> int:
