@@ -37,7 +37,10 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(hidden, self.packed_weight, self.bias, "none", [], "")
+        output: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
+            hidden, self.packed_weight, self.bias, "none", [], ""
+        )
+        return output
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, onednn_packed=True"
@@ -50,7 +53,7 @@ def can_pack(model: nn.Module) -> bool:
         parameter is not None
         and parameter.device.type == "cpu"
         and parameter.dtype == torch.float32
-        and torch.backends.mkldnn.is_available()
+        and torch.backends.mkldnn.is_available()  # type: ignore[no-untyped-call]
         and hasattr(torch.ops.mkldnn, "_linear_pointwise")
     )
 
