@@ -198,7 +198,7 @@ class WorkerSettings(_Settings):
         True, description="On CPU (float32/bfloat16), run Linear layers as oneDNN ops on pre-packed weights."
     )
     torch_threads: int | None = Field(
-        None, gt=0, description="torch intra-op threads; default on CPU: one less than the cores."
+        None, gt=0, description="torch intra-op threads; default: torch's (one per core)."
     )
     trust_remote_code: bool = False
     cache_dir: Path = Field(

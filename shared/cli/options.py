@@ -116,7 +116,7 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> Flags:
             metavar="N",
             help="prompt tokens whose KV later prompts may reuse (default 4096; 0: off)",
         ),
-        add("--torch-threads", type=int, metavar="N", help="torch threads (default on CPU: cores - 1)"),
+        add("--torch-threads", type=int, metavar="N", help="torch threads (default: one per core)"),
         add(
             "--onednn-linear",
             action=argparse.BooleanOptionalAction,
