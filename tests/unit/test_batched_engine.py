@@ -240,6 +240,17 @@ def test_prompts_reusing_a_cached_prefix_in_one_prefill_step_decode_as_without_t
     assert hit_tokens == 30 + 30 + 20
 
 
+def test_a_burst_sharing_an_uncached_prefix_computes_it_once_and_decodes_as_without_the_cache(
+    model: LlamaForCausalLM,
+) -> None:
+    burst = [request(f"r{index}", [*SHARED, 50 + index, 51 + index]) for index in range(4)]
+    burst.append(request("unrelated", PROMPTS["b"]))
+    with_cache, without_cache, hit_tokens = with_and_without_prefix_cache(model, {None: burst})
+    assert tokens_of(with_cache) == tokens_of(without_cache)
+    # Nothing was cached when they arrived: the shared 30 tokens ran once and all four reused them.
+    assert hit_tokens == 4 * 30
+
+
 def test_a_prompt_reusing_a_finished_requests_prefix_joins_running_decodes_unchanged(
     model: LlamaForCausalLM,
 ) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from worker.engine.prefix_cache import KVLayers, PrefixCache
+from worker.engine.prefix_cache import KVLayers, PrefixCache, shared_prefixes
 
 LAYERS = 2
 KV_HEADS, HEAD_DIM = 2, 4
@@ -114,3 +114,20 @@ def test_counters_add_up_served_and_stored_tokens() -> None:
     second = cache.match([*SYSTEM, 3])
     assert first is not None and second is not None
     assert cache.hit_tokens == first.length + second.length == (len(SYSTEM) + 2) + len(SYSTEM)
+
+
+def test_shared_prefixes_are_found_per_group_of_prompts_starting_alike() -> None:
+    other = list(range(300, 312))
+    prompts = [
+        [*SYSTEM, 1, 2, 3],
+        [*SYSTEM, 1, 2, 9],
+        [*SYSTEM, 7],
+        [*other, 5, 6],
+        [*other, 5, 8],
+        list(range(500, 520)),  # shares nothing
+    ]
+    assert shared_prefixes(prompts, min_match=8, longest=100) == [tuple(SYSTEM), (*other, 5)]
+    # Capped by the longest allowed, and never a sharer's whole prompt (its last token must run).
+    assert shared_prefixes(prompts[:2], min_match=8, longest=10) == [tuple(SYSTEM[:10])]
+    assert shared_prefixes([SYSTEM, [*SYSTEM, 4]], min_match=8, longest=100) == [tuple(SYSTEM[:-1])]
+    assert shared_prefixes(prompts[:1] + prompts[5:], min_match=8, longest=100) == []

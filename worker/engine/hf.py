@@ -25,6 +25,9 @@ Numerics caveat: a reused prefix's KV was computed in another batch, so floats
 can differ in the last bits from recomputing it. Intentional divergences:
 - the lookup runs before each step's prefill plan, for prompts not started yet,
   not at admission: a burst is admitted in one step, before anything is stored;
+- prompts arriving together before their common start is cached (the first burst
+  after a start) compute that shared prefix once, in a forward of its own, and
+  then all reuse it (``prefix_cache.shared_prefixes``);
 - those prompts run in groups of similar remainders (``scheduler.group_by_length``),
   not in one forward: one chunked prompt's 36-token remainder padded 18 ~16-token
   post-hit ones, and the cache saved nothing (32 prompts, prefill alone: one
@@ -33,15 +36,12 @@ can differ in the last bits from recomputing it. Intentional divergences:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
-from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel
+from transformers import DynamicCache, PreTrainedModel
 
-from shared.protocol import FinishReason
 from worker.engine import EngineRequest, EngineStats, SequenceUpdate, TokenScore, output_start
 from worker.engine.kv_cache import PaddedKVCache, prefill_layout, single_row_cache, stack_left_padded
-from worker.engine.prefix_cache import PrefixCache
+from worker.engine.prefix_cache import PrefixCache, shared_prefixes
 from worker.engine.sampling import build_processors, choose_token, make_generator, score_tokens, trim_score
 from worker.engine.scheduler import (
     BatchLimits,
@@ -51,56 +51,8 @@ from worker.engine.scheduler import (
     group_by_length,
     reserved_tokens,
 )
+from worker.engine.sequence import Sequence
 from worker.engine.sequential import run_beam_search
-
-
-@dataclass
-class _Sequence:
-    request: EngineRequest
-    processors: LogitsProcessorList
-    generator: torch.Generator | None
-    token_ids: list[int]
-    generated: int = 0
-    prefilled: int = 0
-    prefill_cache: DynamicCache | None = field(default=None, repr=False)
-    prompt_scores: list[TokenScore] = field(default_factory=list, repr=False)
-
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
-
-    @property
-    def needs_context(self) -> bool:
-        """Whether sampling must see the token history (penalties, n-grams, min length)."""
-        return len(self.processors) > 0
-
-    @property
-    def wants_prompt_scores(self) -> bool:
-        return self.request.prompt_logprobs is not None
-
-    def accept(self, token: int, score: TokenScore | None) -> SequenceUpdate:
-        is_first = self.generated == 0
-        self.token_ids.append(token)
-        self.generated += 1
-        reason = None
-        if token in self.request.eos_token_ids:
-            reason = FinishReason.STOP
-        elif self.generated >= self.request.max_new_tokens:
-            reason = FinishReason.LENGTH
-        prompt_logprobs = (None, *self.prompt_scores) if is_first and self.wants_prompt_scores else None
-        return SequenceUpdate(
-            self.request_id,
-            (token,),
-            reason,
-            logprobs=None if score is None else (score,),
-            prompt_logprobs=prompt_logprobs,
-        )
-
-    def score_prompt(self, logits: torch.Tensor, start: int) -> None:
-        """Score the prompt tokens that ``logits`` (positions ``start``..) predict."""
-        prompt = self.request.prompt_token_ids
-        targets = prompt[start + 1 : start + 1 + logits.shape[0]]
-        self.prompt_scores += score_tokens(logits[: len(targets)], targets, self.request.prompt_logprobs or 0)
 
 
 class TransformersEngine:
@@ -111,8 +63,8 @@ class TransformersEngine:
         self._device = model.device
         self._scheduler = Scheduler(limits)
         self._prefix_cache = PrefixCache(prefix_cache_tokens)
-        self._prefilling: dict[str, _Sequence] = {}
-        self._rows: list[_Sequence] = []  # row i of the cache is self._rows[i]
+        self._prefilling: dict[str, Sequence] = {}
+        self._rows: list[Sequence] = []  # row i of the cache is self._rows[i]
         self._kv: PaddedKVCache | None = None
 
     def add(self, request: EngineRequest) -> None:
@@ -156,7 +108,7 @@ class TransformersEngine:
             if request.sampling.num_beams > 1:
                 updates.append(run_beam_search(self._model, request))
                 continue
-            self._prefilling[request.request_id] = _Sequence(
+            self._prefilling[request.request_id] = Sequence(
                 request=request,
                 processors=build_processors(request.sampling, output_start(request), request.eos_token_ids),
                 generator=make_generator(request.sampling, self._device),
@@ -184,6 +136,8 @@ class TransformersEngine:
         # Interactive prompts are prefilled before batch ones (sorted() is stable: FIFO within a priority).
         prefilling = sorted(self._prefilling.values(), key=lambda s: s.request.priority)
         self._reuse_prefixes(prefilling)
+        if self._compute_shared_prefixes(prefilling):
+            self._reuse_prefixes(prefilling)
         progress = [(s.request_id, s.prefilled, len(s.request.prompt_token_ids)) for s in prefilling]
         chunks = self._scheduler.plan_prefill(progress)
         for chunk in chunks:
@@ -197,7 +151,7 @@ class TransformersEngine:
             updates += self._prefill_together([last[index] for index in group])
         return updates
 
-    def _reuse_prefixes(self, sequences: list[_Sequence]) -> None:
+    def _reuse_prefixes(self, sequences: list[Sequence]) -> None:
         """Seed the prompts not started yet with the longest cached prefix of theirs, if any."""
         for sequence in sequences:
             if sequence.prefilled or sequence.wants_prompt_scores:
@@ -207,7 +161,26 @@ class TransformersEngine:
                 sequence.prefill_cache = single_row_cache(hit.layers, self._model.config)
                 sequence.prefilled = hit.length
 
-    def _prefill_together(self, sequences: list[_Sequence]) -> list[SequenceUpdate]:
+    def _compute_shared_prefixes(self, sequences: list[Sequence]) -> bool:
+        """Compute once, and cache, the prefixes prompts not started yet share; whether any was."""
+        fresh = [s.request.prompt_token_ids for s in sequences if not (s.prefilled or s.wants_prompt_scores)]
+        if len(fresh) < 2 or not self._prefix_cache.is_enabled:
+            return False
+        longest = self._scheduler.limits.max_prefill_tokens  # a longer one would stall decoding: leave it
+        prefixes = shared_prefixes(fresh, self._prefix_cache.min_match, longest)
+        for prefix in prefixes:
+            cache = DynamicCache(config=self._model.config)
+            self._model(
+                input_ids=torch.tensor([prefix], device=self._device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            mask = torch.ones((1, len(prefix)), dtype=torch.long, device=self._device)
+            self._prefix_cache.store(prefix, PaddedKVCache(cache, mask).row_kv(0))
+        return bool(prefixes)
+
+    def _prefill_together(self, sequences: list[Sequence]) -> list[SequenceUpdate]:
         """One padded forward over the rest of each prompt (``prefill_layout``); then they join the batch."""
         rests = [s.request.prompt_token_ids[s.prefilled :] for s in sequences]
         past, width = max(s.prefilled for s in sequences), max(len(rest) for rest in rests)
@@ -233,7 +206,7 @@ class TransformersEngine:
         self._join_batch(sequences, batch)
         return self._sample_rows(sequences, output.logits[:, -1, :])
 
-    def _prefill_chunk(self, sequence: _Sequence, chunk: PrefillChunk) -> None:
+    def _prefill_chunk(self, sequence: Sequence, chunk: PrefillChunk) -> None:
         """Prefill a part of a long prompt (not its last) into the prompt's own cache."""
         if sequence.prefill_cache is None:
             sequence.prefill_cache = DynamicCache(config=self._model.config)
@@ -250,14 +223,14 @@ class TransformersEngine:
         if sequence.wants_prompt_scores:
             sequence.score_prompt(output.logits[0], chunk.start)
 
-    def _store_prompts(self, sequences: list[_Sequence], batch: PaddedKVCache) -> None:
+    def _store_prompts(self, sequences: list[Sequence], batch: PaddedKVCache) -> None:
         """Keep each freshly prefilled prompt's KV (its row's real columns) for later prompts."""
         if not self._prefix_cache.is_enabled:
             return
         for row, sequence in enumerate(sequences):
             self._prefix_cache.store(sequence.request.prompt_token_ids, batch.row_kv(row))
 
-    def _join_batch(self, sequences: list[_Sequence], cache: PaddedKVCache) -> None:
+    def _join_batch(self, sequences: list[Sequence], cache: PaddedKVCache) -> None:
         """Append prefilled rows; rows that finish on their first token leave again at the step's end."""
         if self._kv is None:
             self._kv = cache
@@ -265,7 +238,7 @@ class TransformersEngine:
             self._kv.append(cache)
         self._rows.extend(sequences)
 
-    def _sample_rows(self, rows: list[_Sequence], logits: torch.Tensor) -> list[SequenceUpdate]:
+    def _sample_rows(self, rows: list[Sequence], logits: torch.Tensor) -> list[SequenceUpdate]:
         greedy = logits.argmax(dim=-1).tolist()
         tokens = []
         for index, row in enumerate(rows):
@@ -291,7 +264,7 @@ class TransformersEngine:
             self._kv.keep(keep)
 
 
-def _score_rows(rows: list[_Sequence], logits: torch.Tensor, tokens: list[int]) -> dict[int, TokenScore]:
+def _score_rows(rows: list[Sequence], logits: torch.Tensor, tokens: list[int]) -> dict[int, TokenScore]:
     """Scores of the sampled tokens of the rows that asked for logprobs, by row index."""
     wanted = [index for index, row in enumerate(rows) if row.request.logprobs is not None]
     if not wanted:

@@ -111,3 +111,28 @@ def _common_prefix(key: tuple[int, ...], prompt: tuple[int, ...], best: int) -> 
     while length < stop and key[length] == prompt[length]:
         length += 1
     return length
+
+
+def shared_prefixes(prompts: Sequence[Sequence[int]], min_match: int, longest: int) -> list[tuple[int, ...]]:
+    """Prefixes that two or more of ``prompts`` share (at least ``min_match``, at most ``longest``
+    tokens, and short of each sharer's last token), one per group of prompts starting alike.
+
+    Prompts arriving together before anything is cached (the first burst after a
+    start) would each compute their common system prompt; computing it once and
+    letting them all reuse it saves that work.
+    """
+    groups: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
+    for prompt in prompts:
+        if len(prompt) > min_match:
+            groups.setdefault(tuple(prompt[:min_match]), []).append(tuple(prompt))
+    prefixes = []
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        length = min(min(len(member) for member in members) - 1, longest)
+        first = members[0]
+        for member in members[1:]:  # all share their first min_match tokens: the group's key
+            length = min(length, _common_prefix(member, first, min_match - 1))
+        if length >= min_match:
+            prefixes.append(first[:length])
+    return prefixes
