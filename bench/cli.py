@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench import load, references
 from bench.options import BenchOptions, parse_options
@@ -27,6 +27,9 @@ from bench.prompts import render_prompt_ids, user_prompts
 from bench.report import Results, emit, note, ratios, table
 from bench.servers import RunningServers, running_servers
 from bench.stats import summarize_level
+
+if TYPE_CHECKING:
+    from worker.model_loading import LoadedModel
 
 _WARM_UP_TIMEOUT_S = 300.0
 _CAPTURE: dict[str, Any] = {
@@ -63,32 +66,66 @@ def worker_argv(options: BenchOptions) -> list[str]:
     return argv
 
 
+def _prompt_count(options: BenchOptions) -> int:
+    """Prompts the references need: the largest batch, the naive requests and the C=1 level's requests."""
+    return max(max(options.concurrency), options.naive_requests, options.requests_at(1))
+
+
 def run_references(options: BenchOptions, results: Results) -> None:
-    """Naive, static-batch and generate_batch references, in that order, in this process."""
-    note("loading the model for the in-process references")
+    """Naive, prefill, static-batch and engine, then generate_batch, in this process.
+
+    Both models are locals, so they are freed when this returns, before any server starts.
+    """
+    note("loading the model twice for the in-process references: plain, and as the worker sets it up")
     loaded = references.load_reference_model()
-    count = max(max(options.concurrency), options.naive_requests)
-    prompts = [render_prompt_ids(loaded.tokenizer, prompt) for prompt in user_prompts(count)]
+    served = references.load_engine_model()
+    prompts = [render_prompt_ids(loaded.tokenizer, prompt) for prompt in user_prompts(_prompt_count(options))]
     tokens, cap = options.output_tokens, options.max_seconds_per_level
     references.warm_up(loaded, prompts[0])
     note(f"naive: {options.naive_requests} requests one at a time")
     naive = references.naive(loaded, prompts[: options.naive_requests], tokens, cap)
     results.naive = emit("reference_naive", naive)
+    _run_prefill(options, served, prompts, results)
     for concurrency in options.concurrency:
         note(f"static batch of {concurrency}")
         measured = references.static_batch(loaded, prompts[:concurrency], tokens, cap)
         results.static[concurrency] = emit("reference_static_batch", {"concurrency": concurrency, **measured})
         note(f"tokenferry engine in-process, {concurrency} requests")
-        measured = references.engine(loaded, prompts[:concurrency], tokens)
+        measured = references.engine(served, prompts[:concurrency], tokens)
         results.engine[concurrency] = emit("reference_engine", {"concurrency": concurrency, **measured})
-    if options.skip_continuous_batching:
+    if not options.skip_continuous_batching:
+        _run_continuous_batching(options, loaded, prompts, results)
+
+
+def _run_prefill(
+    options: BenchOptions, served: LoadedModel, prompts: list[list[int]], results: Results
+) -> None:
+    """The in-process prefill the served C=1 TTFT is compared with: the same prompts, in the same order.
+
+    The served level takes prompt indices 0, 1, ... from a counter per level (``bench.load``),
+    so its prompts are the first ``requests_at(1)``.
+    """
+    if 1 not in options.concurrency:
+        references.warm_up(served, prompts[0])  # the engine reference's first steps would pay for it
         return
+    requests = options.requests_at(1)
+    note(f"in-process prefill: {requests} requests one at a time, as the served C=1 level sends them")
+    warm_up = (render_prompt_ids(served.tokenizer, load.WARM_UP_PROMPT), load.WARM_UP_TOKENS)
+    measured = references.prefill(
+        served, warm_up, prompts[:requests], options.output_tokens, options.max_seconds_per_level
+    )
+    results.prefill = emit("reference_prefill", measured)
+
+
+def _run_continuous_batching(
+    options: BenchOptions, loaded: LoadedModel, prompts: list[list[int]], results: Results
+) -> None:
     for concurrency in options.concurrency:
         note(f"generate_batch of {concurrency}")
         if results.static[concurrency]["partial"]:
             measured = {"batch_size": concurrency, "skipped": "static batch hit --max-seconds-per-level"}
         else:
-            measured = references.continuous_batching(loaded, prompts[:concurrency], tokens)
+            measured = references.continuous_batching(loaded, prompts[:concurrency], options.output_tokens)
         line = emit("reference_continuous_batching", {"concurrency": concurrency, **measured})
         results.continuous[concurrency] = line
 

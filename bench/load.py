@@ -31,6 +31,9 @@ from bench.prompts import chat_messages, user_prompt
 from bench.stats import RequestRecord
 
 SETTLE_AFTER_TRUNCATION_S = 3.0  # lets the worker drop aborted sequences before the next level
+# The unmeasured warm-up request; the in-process prefill reference replays it (``bench.references.prefill``).
+WARM_UP_PROMPT = "Say hello."
+WARM_UP_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -136,5 +139,5 @@ async def warm_up(base_url: str, model: str, timeout_s: float) -> RequestRecord:
     """One short request, not measured: the worker's first forward passes are slow."""
     record = RequestRecord(index=-1, started_at=time.perf_counter())
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s) as client:
-        await stream_chat(client, record, _request_body(model, "Say hello.", 8))
+        await stream_chat(client, record, _request_body(model, WARM_UP_PROMPT, WARM_UP_TOKENS))
     return record

@@ -18,13 +18,15 @@ DEFAULT_OUTPUT_TOKENS = 64
 QUICK_OUTPUT_TOKENS = 32
 # 64 sequential requests x 64 tokens at ~12 tok/s is ~340 s; 150 s keeps the default run near 10 min.
 DEFAULT_MAX_SECONDS_PER_LEVEL = 150.0
+# C=1 sends several requests, one after another, so its TTFT p50 is a median rather than one sample.
+SINGLE_STREAM_REQUESTS = 8
 
 
 @dataclass(frozen=True)
 class BenchOptions:
     concurrency: tuple[int, ...]
     output_tokens: int
-    requests_per_level: int | None  # None: one wave of C requests per level
+    requests_per_level: int | None  # None: one wave of C requests per level (C=1: SINGLE_STREAM_REQUESTS)
     max_seconds_per_level: float
     naive_requests: int
     skip_references: bool
@@ -34,7 +36,9 @@ class BenchOptions:
 
     def requests_at(self, concurrency: int) -> int:
         """How many requests the sweep sends at one concurrency level."""
-        return self.requests_per_level or concurrency
+        if self.requests_per_level:
+            return self.requests_per_level
+        return SINGLE_STREAM_REQUESTS if concurrency == 1 else concurrency
 
 
 def _concurrency_list(text: str) -> tuple[int, ...]:
@@ -62,7 +66,12 @@ def _parser() -> argparse.ArgumentParser:
     add = parser.add_argument
     add("--concurrency", type=_concurrency_list, help="levels of the sweep (default 1,8,32,64)")
     add("--output-tokens", type=_positive_int, help="tokens per request, forced (default 64)")
-    add("--requests-per-level", type=_positive_int, help="requests per level (default: C, one wave)")
+    add(
+        "--requests-per-level",
+        type=_positive_int,
+        help=f"requests per level (default: C, one wave; C=1 sends {SINGLE_STREAM_REQUESTS} "
+        "one after another, so its TTFT p50 is a median)",
+    )
     add(
         "--max-seconds-per-level",
         type=float,

@@ -1,6 +1,7 @@
 """Owns the in-process references: the same model and prompts through plain transformers, no server.
 
-Three baselines frame the gateway's numbers:
+Three baselines frame the gateway's numbers, all on the model as loaded, with
+plain transformers layers:
 
 - ``naive``: one request at a time through ``model.generate`` (a server with no
   batching at all); the floor a serving stack must beat.
@@ -9,16 +10,25 @@ Three baselines frame the gateway's numbers:
   no HTTP, Redis, scheduling or detokenization cost.
 - ``continuous_batching``: transformers' own ``model.generate_batch`` (paged KV
   cache, its own scheduler) on the same C prompts; a failure is reported, not raised.
+
+Two more run what the worker runs, on a second copy of the model set up as the
+worker sets it up (``load_engine_model``: Linear layers packed for oneDNN when the
+worker would pack them) and the engine as the worker builds it (prefix cache on):
+
 - ``engine``: tokenferry's own batched engine (``worker.engine.hf``) stepped in
   this process on the same C prompts: its efficiency against the static batch,
   apart from what HTTP, Redis and a shared machine cost the served numbers.
+- ``prefill``: the time from ``add`` to the step that returns the first token, one
+  request at a time after the server's warm-up request: what the served C=1
+  TTFT would be with no HTTP, Redis, queue or streaming in between.
 
 All decode greedily and exactly ``output_tokens`` tokens: ``min_new_tokens``
-suppresses EOS for ``generate``, and ``generate_batch`` gets ``eos_token_id=None``,
-which its manager turns into -1 (no EOS). Prompts are padded by hand (left,
-with the pad token or else EOS) rather than by mutating the tokenizer's
-``padding_side``. ``max_time`` (transformers' ``MaxTimeCriteria``) caps each static
-batch, and the naive requests together, at ``--max-seconds-per-level``; ``generate_batch`` has no such
+suppresses EOS for ``generate``, ``generate_batch`` gets ``eos_token_id=None``,
+which its manager turns into -1 (no EOS), and engine requests get no EOS ids.
+Prompts are padded by hand (left, with the pad token or else EOS) rather than by
+mutating the tokenizer's ``padding_side``. ``max_time`` (transformers' ``MaxTimeCriteria``) caps each static
+batch, and the naive requests together, at ``--max-seconds-per-level``; the prefill
+requests stop being sent at the same cap. ``generate_batch`` has no such
 cap, so a size whose static batch was already capped is skipped.
 """
 
@@ -29,9 +39,13 @@ import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from bench.stats import percentile
+
 if TYPE_CHECKING:
     import torch
 
+    from worker.engine import EngineRequest
+    from worker.engine.hf import TransformersEngine
     from worker.model_loading import LoadedModel
 
 
@@ -47,6 +61,18 @@ def load_reference_model() -> LoadedModel:
     # generate_batch warns that eos_token_id=None means "no EOS", which is what we ask for.
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
     return load_model(WorkerSettings())
+
+
+def load_engine_model() -> LoadedModel:
+    """Another copy of the model, set up as the worker sets it up: Linear layers packed for oneDNN
+    (``worker.onednn_linear``) when the worker's settings ask for it and the model allows it."""
+    from shared.settings import WorkerSettings
+    from worker.onednn_linear import can_pack, pack_linear_layers
+
+    loaded = load_reference_model()
+    if WorkerSettings().onednn_linear and can_pack(loaded.model):
+        pack_linear_layers(loaded.model)
+    return loaded
 
 
 def _pad_id(loaded: LoadedModel) -> int:
@@ -153,26 +179,91 @@ def continuous_batching(loaded: LoadedModel, prompts: Sequence[list[int]], new_t
     }
 
 
-def engine(loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int) -> dict[str, Any]:
-    """tokenferry's batched engine, no server: all prompts added at once, stepped to the end.
-
-    With the worker's default prefix cache, so the number is what the worker runs.
-    """
+def _worker_engine(loaded: LoadedModel, max_batch_size: int | None = None) -> TransformersEngine:
+    """The batched engine with the worker's limits and prefix cache, as ``worker.main._build_engine``."""
     from shared.settings import WorkerSettings
-    from worker.engine import EngineRequest, SamplingParams
     from worker.engine.hf import TransformersEngine
     from worker.engine.scheduler import BatchLimits
 
-    prefix_cache_tokens = WorkerSettings().prefix_cache_tokens
-    batched = TransformersEngine(loaded.model, BatchLimits(max_batch_size=len(prompts)), prefix_cache_tokens)
+    settings = WorkerSettings()
+    limits = BatchLimits(
+        max_batch_size or settings.max_batch_size, settings.max_batch_tokens, settings.max_prefill_tokens
+    )
+    return TransformersEngine(loaded.model, limits, settings.prefix_cache_tokens)
+
+
+def _request(request_id: str, prompt: Sequence[int], new_tokens: int) -> EngineRequest:
+    """A greedy request; no EOS ids force the full length (the server's ``ignore_eos``)."""
+    from worker.engine import EngineRequest, SamplingParams
+
+    return EngineRequest(request_id, tuple(prompt), SamplingParams(), new_tokens, frozenset())
+
+
+def engine(loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int) -> dict[str, Any]:
+    """tokenferry's batched engine, no server: all prompts added at once, stepped to the end.
+
+    On the worker-configured model (``load_engine_model``) with the worker's prefix cache, so
+    the number is what the worker runs.
+    """
+    batched = _worker_engine(loaded, max_batch_size=len(prompts))
     for index, prompt in enumerate(prompts):
-        # An empty EOS set forces the full length, like the other references.
-        batched.add(EngineRequest(f"r{index}", tuple(prompt), SamplingParams(), new_tokens, frozenset()))
+        batched.add(_request(f"r{index}", prompt, new_tokens))
     started = time.perf_counter()
     tokens = 0
     while batched.has_unfinished():
         tokens += sum(len(update.new_token_ids) for update in batched.step())
     return _rate(len(prompts), tokens, started)
+
+
+def _first_token_s(batched: TransformersEngine, request: EngineRequest) -> float | None:
+    """Seconds from ``add`` to the ``step`` returning the request's first token; it then runs to its end."""
+    started = time.perf_counter()
+    batched.add(request)
+    first: float | None = None
+    while batched.has_unfinished():
+        updates = batched.step()
+        if first is None and any(update.new_token_ids for update in updates):
+            first = time.perf_counter() - started
+    return first
+
+
+def prefill(
+    loaded: LoadedModel,
+    warm_up_prompt: tuple[list[int], int],
+    prompts: Sequence[list[int]],
+    new_tokens: int,
+    max_time: float,
+) -> dict[str, Any]:
+    """In-process time to first token, one request at a time, each run to its end, as the served C=1 level.
+
+    ``warm_up_prompt`` (ids, tokens) is the server's warm-up request, run first and untimed: it warms
+    the model and leaves the chat template's shared prefix in the prefix cache, as in the server.
+    Later prompts also find the earlier ones cached, as they do in the server.
+    """
+    batched = _worker_engine(loaded)
+    _first_token_s(batched, _request("warm-up", *warm_up_prompt))
+    deadline = time.perf_counter() + max_time
+    measured_ms: list[float] = []
+    prompt_tokens: list[int] = []
+    for index, prompt in enumerate(prompts):
+        if time.perf_counter() >= deadline:
+            break
+        seconds = _first_token_s(batched, _request(f"p{index}", prompt, new_tokens))
+        if seconds is not None:  # always set: every request asks for at least one token
+            measured_ms.append(seconds * 1000.0)
+            prompt_tokens.append(len(prompt))
+    return {
+        "requests": len(measured_ms),
+        "prefill_ms_p50": _round(percentile(measured_ms, 50)),
+        "prefill_ms_min": _round(min(measured_ms, default=None)),
+        "prefill_ms_max": _round(max(measured_ms, default=None)),
+        "prompt_tokens_mean": round(sum(prompt_tokens) / len(prompt_tokens), 1) if prompt_tokens else None,
+        "partial": len(measured_ms) < len(prompts),
+    }
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def _rate(batch_size: int, tokens: int, started: float) -> dict[str, Any]:

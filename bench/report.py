@@ -1,8 +1,8 @@
 """Owns the output: one JSON line per measurement on stdout as it happens, then ratios and a table.
 
-Every JSON line has ``kind`` (``run``, ``reference_naive``,
-``reference_static_batch``, ``reference_continuous_batching``, ``gateway``,
-``ratio``) and ``schema`` (bumped when a field changes meaning), so lines from
+Every JSON line has ``kind`` (``run``, ``reference_naive``, ``reference_prefill``,
+``reference_static_batch``, ``reference_engine``, ``reference_continuous_batching``,
+``gateway``, ``ratio``) and ``schema`` (bumped when a field changes meaning), so lines from
 several runs can be concatenated and filtered with ``jq``. Progress notes go to
 stderr, keeping stdout machine-readable up to the table, which follows a blank line.
 """
@@ -16,7 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-SCHEMA = 1
+# 2: reference_engine runs the worker-configured (oneDNN-packed) model; C=1 sends 8 requests;
+# reference_prefill, ratio.vs_generate_batch and ratio.ttft_minus_prefill_ms are new.
+SCHEMA = 2
 
 
 @dataclass
@@ -24,6 +26,7 @@ class Results:
     """Everything measured in one run, keyed by concurrency where it has one."""
 
     naive: dict[str, Any] | None = None
+    prefill: dict[str, Any] | None = None
     static: dict[int, dict[str, Any]] = field(default_factory=dict)
     continuous: dict[int, dict[str, Any]] = field(default_factory=dict)
     engine: dict[int, dict[str, Any]] = field(default_factory=dict)
@@ -52,21 +55,32 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return round(numerator / denominator, 3)
 
 
+def _difference(minuend: float | None, subtrahend: float | None) -> float | None:
+    if minuend is None or subtrahend is None:
+        return None
+    return round(minuend - subtrahend, 2)
+
+
 def ratios(results: Results) -> list[dict[str, Any]]:
-    """Gateway tokens/s over the naive server and over the static batch at the same C."""
+    """Gateway tokens/s over the naive server, the static batch and ``generate_batch`` at the same C;
+    at C=1 also the served TTFT p50 minus the in-process prefill p50."""
     naive_rate = results.naive["output_tokens_per_s"] if results.naive else None
+    prefill_p50 = results.prefill.get("prefill_ms_p50") if results.prefill else None
     lines = []
     for concurrency, gateway in sorted(results.gateway.items()):
         rate = gateway.get("output_tokens_per_s")
         static_rate = results.static.get(concurrency, {}).get("output_tokens_per_s")
-        lines.append(
-            {
-                "concurrency": concurrency,
-                "gateway_tokens_per_s": rate,
-                "vs_naive": _ratio(rate, naive_rate),
-                "vs_static_batch": _ratio(rate, static_rate),
-            }
-        )
+        continuous_rate = results.continuous.get(concurrency, {}).get("output_tokens_per_s")
+        line = {
+            "concurrency": concurrency,
+            "gateway_tokens_per_s": rate,
+            "vs_naive": _ratio(rate, naive_rate),
+            "vs_static_batch": _ratio(rate, static_rate),
+            "vs_generate_batch": _ratio(rate, continuous_rate),
+        }
+        if concurrency == 1:
+            line["ttft_minus_prefill_ms"] = _difference(gateway.get("ttft_ms_p50"), prefill_p50)
+        lines.append(line)
     return lines
 
 
@@ -85,7 +99,7 @@ def _row(values: list[Any], widths: list[int]) -> str:
 
 
 _GATEWAY_HEADER = ["C", "sent", "err", "trunc", "tok/s", "TTFT50ms", "TTFT99ms", "ITL50ms", "ITL99ms"]
-_GATEWAY_HEADER += ["TPOT50ms", "tok/chunk", "x naive", "x static"]
+_GATEWAY_HEADER += ["TPOT50ms", "tok/chunk", "x naive", "x static", "x gen_batch"]
 
 
 def _gateway_table(results: Results) -> list[str]:
@@ -96,9 +110,20 @@ def _gateway_table(results: Results) -> list[str]:
         keys = ["requests_sent", "errors", "truncated_requests", "output_tokens_per_s"]
         keys += ["ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "tpot_ms_p50", "tokens_per_chunk"]
         values = [concurrency, *(level.get(key) for key in keys)]
-        values += [by_c[concurrency]["vs_naive"], by_c[concurrency]["vs_static_batch"]]
+        ratio = by_c[concurrency]
+        values += [ratio["vs_naive"], ratio["vs_static_batch"], ratio["vs_generate_batch"]]
         lines.append(_row(values, widths))
     return lines
+
+
+def _ttft_line(results: Results) -> list[str]:
+    """C=1's served TTFT against the in-process prefill, when both were measured."""
+    ttft = results.gateway.get(1, {}).get("ttft_ms_p50")
+    prefill = results.prefill.get("prefill_ms_p50") if results.prefill else None
+    if ttft is None or prefill is None:
+        return []
+    difference = f"{ttft - prefill:+.1f} ms"
+    return [f"C=1 TTFT p50 {ttft:.1f} ms vs in-process prefill p50 {prefill:.1f} ms: {difference}"]
 
 
 def _reference_table(results: Results) -> list[str]:
@@ -127,8 +152,15 @@ def table(results: Results, output_tokens: int) -> str:
             f"naive (model.generate, one request at a time, {naive['requests']} requests): "
             f"{naive['output_tokens_per_s']} tok/s"
         )
+    if results.prefill:
+        prefill = results.prefill
+        parts.append(
+            f"in-process prefill (worker's engine, add to first token, {prefill['requests']} requests): "
+            f"p50 {prefill['prefill_ms_p50']} ms, {prefill['prompt_tokens_mean']} prompt tokens on average"
+        )
     if results.static or results.continuous:
         parts += ["", "in-process references (same C prompts arriving together):", *_reference_table(results)]
     if results.gateway:
         parts += ["", "gateway sweep (HTTP + Redis + worker, streamed):", *_gateway_table(results)]
+        parts += _ttft_line(results)
     return "\n".join(parts)
