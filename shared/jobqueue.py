@@ -106,7 +106,8 @@ async def abort(pool: ArqRedis, request_id: str) -> None:
     """Ask whichever worker holds ``request_id`` (whatever its attempt) to cancel it, or drop it unstarted.
 
     The cancellation flag stops a takeover from resuming the request later; arq's
-    abort set cancels the attempt running now within one poll.
+    abort set cancels the attempt running now at the worker's next poll, which the
+    message on ``keys.ABORTS_CHANNEL`` triggers at once.
     """
     now_ms = int(time.time() * 1000)
     async with pool.pipeline(transaction=False) as pipe:
@@ -116,6 +117,7 @@ async def abort(pool: ArqRedis, request_id: str) -> None:
         *_, attempt = await pipe.execute()
     if attempt is not None and int(attempt) > 0:
         await pool.zadd(abort_jobs_ss, {keys.attempt_job_id(request_id, int(attempt)): now_ms})
+    await pool.publish(keys.ABORTS_CHANNEL, request_id)
 
 
 async def forget(

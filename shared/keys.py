@@ -128,6 +128,10 @@ def wake(model: str) -> str:
     return f"{PREFIX}wake:{model}"
 
 
+# Pub/sub channel on which every abort is announced: workers poll arq's abort set at once.
+ABORTS_CHANNEL = f"{PREFIX}aborts"
+
+
 def request_view(request_id: str) -> str:
     return f"{PREFIX}request:{request_id}"
 

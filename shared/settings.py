@@ -204,10 +204,10 @@ class WorkerSettings(_Settings):
     cache_dir: Path = Field(
         default_factory=lambda: Path.home() / ".cache" / "tokenferry", description="Converted-model cache."
     )
-    # Each arq poll is a Redis round trip that wakes the worker's loop; at 100 Hz those
-    # wake-ups cost the engine's threads ~20% on 2 cores (bench: 8 streams 22 -> 27 tok/s,
-    # 32 streams 35 -> 41 tok/s going from 0.01 to 0.05 s), for ~25 ms more mean queue wait.
-    poll_delay_s: float = Field(0.05, gt=0, description="arq queue poll interval.")
+    # New jobs and aborts wake workers at once (pub/sub), so the poll is a safety net. Every
+    # wake-up takes a core from the model's threads: a 50 ms poll cost ~20 ms of time to first
+    # token at concurrency 1 on 2 cores (bench), hence a slow default.
+    poll_delay_s: float = Field(0.5, gt=0, description="arq queue poll interval (a safety net).")
     heartbeat_interval_s: float = Field(1.0, gt=0, description="Heartbeat period (its jobs' lease).")
     drain_grace_s: float = Field(
         30.0, ge=0, description="On SIGTERM: how long running sequences may finish before handover."

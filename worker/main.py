@@ -224,7 +224,7 @@ def _batch_lane_worker(ctx: WorkerContext, settings: WorkerSettings, driver: Eng
         queue_name=keys.queue(settings.model_name, keys.Lane.BATCH),
         ctx=dict(ctx),
         max_jobs=batch_slots,
-        poll_delay=max(settings.poll_delay_s, 0.1),  # wake-ups start batch work; no hurry to poll
+        poll_delay=settings.poll_delay_s,
         drain_on_signals=False,  # the interactive lane's worker drains it
         room=room,
         **_queue_options(settings),
@@ -232,7 +232,7 @@ def _batch_lane_worker(ctx: WorkerContext, settings: WorkerSettings, driver: Eng
     worker.ctx["is_aborted"] = lambda job_id: job_id in worker.aborting_tasks
     ctx_main = ctx.get("queue_worker")
     if isinstance(ctx_main, QueueWorker):
-        ctx_main.companions.append(worker)
+        ctx_main.add_companion(worker)
     return worker
 
 

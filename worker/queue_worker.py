@@ -1,11 +1,13 @@
 """Owns the arq worker loop, with the three changes serving needs over arq 0.28's own (pinned).
 
-1. **Wake-ups.** arq polls its queue every ``poll_delay``; each poll is a Redis
-   round trip that wakes the process, so a short delay costs the engine CPU and a
-   long one adds up to a whole delay to every time to first token. The gateway
-   publishes on ``keys.wake(model)`` after each enqueue, and this loop sleeps until
-   that message or the poll delay, whichever comes first: jobs start at once, and
-   the poll remains as a safety net (and for arq's abort checks).
+1. **Wake-ups.** arq polls its queue every ``poll_delay``; each poll wakes the
+   process, and on CPU every wake-up steals time from the model's threads, so a
+   short delay costs compute and a long one adds up to a whole delay to every
+   start and abort. Here the loop sleeps until a message or the poll delay,
+   whichever comes first: the gateway publishes on ``keys.wake(model)`` after
+   each enqueue and on ``keys.ABORTS_CHANNEL`` after each abort, and a job
+   finishing here wakes both lanes (its slot can take a waiting job). Jobs start
+   and aborts land at once; the poll is only a safety net.
 2. **Redis outages.** In arq a failed poll ends ``main()`` and with it the worker.
    Here it is logged and retried with backoff, so a worker rides out a Redis restart
    and goes on serving with no restart of its own.
@@ -44,6 +46,8 @@ from arq.constants import in_progress_key_prefix
 from arq.worker import Worker
 from redis.exceptions import RedisError
 
+from shared import keys
+
 logger = logging.getLogger(__name__)
 
 _OUTAGE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)
@@ -73,8 +77,10 @@ class QueueWorker(Worker):
         self._on_drain = on_drain
         self._room = room
         self.companions: list[QueueWorker] = []  # other lanes' workers, drained with this one
+        self._leaders: list[QueueWorker] = []  # the worker this one is a companion of
         self._woken = asyncio.Event()
         self._draining = False
+        self._stopping = False
         self._background: set[asyncio.Task[None]] = set()
 
     async def main(self) -> None:
@@ -121,7 +127,7 @@ class QueueWorker(Worker):
 
     async def _poll_forever(self) -> None:
         failures = 0
-        while True:
+        while not self._stopping:
             self._gate()
             try:
                 await self._poll_iteration()
@@ -132,8 +138,11 @@ class QueueWorker(Worker):
                 logger.warning("queue poll failed (%s); retrying in %.2f s", error, delay)
                 await asyncio.sleep(delay)
                 continue
+            # asyncio.timeout, not wait_for: in Python 3.11 wait_for swallows a cancellation that
+            # lands as the event fires, and a finishing job sets it at any moment.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), self.poll_delay_s)
+                async with asyncio.timeout(self.poll_delay_s):
+                    await self._woken.wait()
             self._woken.clear()
 
     async def start_jobs(self, job_ids: list[bytes]) -> None:
@@ -152,13 +161,27 @@ class QueueWorker(Worker):
             free += [job_id for job_id, busy in zip(chunk, running, strict=True) if not busy]
         if free and wanted > 0:
             await super().start_jobs(free[:wanted])
+            for job_id in free[:wanted]:
+                task = self.tasks.get(job_id.decode())
+                if task is not None:
+                    task.add_done_callback(lambda _: self.nudge_all())
+
+    def add_companion(self, companion: QueueWorker) -> None:
+        """Another lane's worker in this process: drained with this one, nudged with it."""
+        self.companions.append(companion)
+        companion._leaders.append(self)
+
+    def nudge_all(self) -> None:
+        """Poll now, here and in the other lanes: a slot just came free."""
+        for worker in (self, *self.companions, *self._leaders):
+            worker._woken.set()
 
     async def _listen_for_wakeups(self) -> None:
         failures = 0
         while True:
             try:
                 async with self.pool.pubsub() as pubsub:
-                    await pubsub.subscribe(self._wake_channel)
+                    await pubsub.subscribe(self._wake_channel, keys.ABORTS_CHANNEL)
                     failures = 0
                     async for message in pubsub.listen():
                         if message.get("type") == "message":
@@ -191,6 +214,8 @@ class QueueWorker(Worker):
         return sum(not task.done() for worker in workers for task in worker.tasks.values())
 
     def _stop_main(self) -> None:
+        self._stopping = True
+        self._woken.set()
         for task in self._background:
             if task is not asyncio.current_task():
                 task.cancel()
