@@ -67,8 +67,15 @@ def worker_argv(options: BenchOptions) -> list[str]:
 
 
 def _prompt_count(options: BenchOptions) -> int:
-    """Prompts the references need: the largest batch, the naive requests and the C=1 level's requests."""
-    return max(max(options.concurrency), options.naive_requests, options.requests_at(1))
+    """Prompts the references need: every level's (``first_prompt`` on) and the naive requests'."""
+    ends = [options.first_prompt(c) + max(c, options.requests_at(c)) for c in options.concurrency]
+    return max(*ends, options.naive_requests)
+
+
+def _level_prompts(options: BenchOptions, prompts: list[list[int]], concurrency: int) -> list[list[int]]:
+    """The first C prompts the served level C sends: the references at C run the same ones."""
+    first = options.first_prompt(concurrency)
+    return prompts[first : first + concurrency]
 
 
 def run_references(options: BenchOptions, results: Results) -> None:
@@ -88,10 +95,10 @@ def run_references(options: BenchOptions, results: Results) -> None:
     _run_prefill(options, served, prompts, results)
     for concurrency in options.concurrency:
         note(f"static batch of {concurrency}")
-        measured = references.static_batch(loaded, prompts[:concurrency], tokens, cap)
+        measured = references.static_batch(loaded, _level_prompts(options, prompts, concurrency), tokens, cap)
         results.static[concurrency] = emit("reference_static_batch", {"concurrency": concurrency, **measured})
         note(f"tokenferry engine in-process, {concurrency} requests")
-        measured = references.engine(served, prompts[:concurrency], tokens)
+        measured = references.engine(served, _level_prompts(options, prompts, concurrency), tokens)
         results.engine[concurrency] = emit("reference_engine", {"concurrency": concurrency, **measured})
     if not options.skip_continuous_batching:
         _run_continuous_batching(options, loaded, prompts, results)
@@ -102,18 +109,17 @@ def _run_prefill(
 ) -> None:
     """The in-process prefill the served C=1 TTFT is compared with: the same prompts, in the same order.
 
-    The served level takes prompt indices 0, 1, ... from a counter per level (``bench.load``),
-    so its prompts are the first ``requests_at(1)``.
+    The served level sends prompts ``first_prompt(1)`` on, one per request (``bench.load``).
     """
     if 1 not in options.concurrency:
         references.warm_up(served, prompts[0])  # the engine reference's first steps would pay for it
         return
-    requests = options.requests_at(1)
+    requests, first = options.requests_at(1), options.first_prompt(1)
     note(f"in-process prefill: {requests} requests one at a time, as the served C=1 level sends them")
     warm_up = (render_prompt_ids(served.tokenizer, load.WARM_UP_PROMPT), load.WARM_UP_TOKENS)
-    measured = references.prefill(
-        served, warm_up, prompts[:requests], options.output_tokens, options.max_seconds_per_level
-    )
+    level = prompts[first : first + requests]
+    cap = options.max_seconds_per_level
+    measured = references.prefill(served, warm_up, level, options.output_tokens, cap)
     results.prefill = emit("reference_prefill", measured)
 
 
@@ -125,7 +131,8 @@ def _run_continuous_batching(
         if results.static[concurrency]["partial"]:
             measured = {"batch_size": concurrency, "skipped": "static batch hit --max-seconds-per-level"}
         else:
-            measured = references.continuous_batching(loaded, prompts[:concurrency], options.output_tokens)
+            level = _level_prompts(options, prompts, concurrency)
+            measured = references.continuous_batching(loaded, level, options.output_tokens)
         line = emit("reference_continuous_batching", {"concurrency": concurrency, **measured})
         results.continuous[concurrency] = line
 
@@ -144,6 +151,7 @@ async def _sweep(servers: RunningServers, options: BenchOptions, results: Result
             requests=requests,
             max_tokens=options.output_tokens,
             max_seconds=options.max_seconds_per_level,
+            first_prompt=options.first_prompt(concurrency),
         )
         fields = {
             "concurrency": concurrency,

@@ -101,15 +101,24 @@ async def _client_task(
     model: str,
     requests: int,
     max_tokens: int,
+    first_prompt: int,
 ) -> None:
     while (index := next(indices)) < requests:
         record = RequestRecord(index=index, started_at=time.perf_counter())
         records.append(record)
-        await stream_chat(client, record, _request_body(model, user_prompt(index), max_tokens))
+        prompt = user_prompt(first_prompt + index)
+        await stream_chat(client, record, _request_body(model, prompt, max_tokens))
 
 
 async def run_level(
-    base_url: str, model: str, *, concurrency: int, requests: int, max_tokens: int, max_seconds: float
+    base_url: str,
+    model: str,
+    *,
+    concurrency: int,
+    requests: int,
+    max_tokens: int,
+    max_seconds: float,
+    first_prompt: int = 0,
 ) -> LevelRun:
     """Run one sweep level and return every request's record."""
     records: list[RequestRecord] = []
@@ -124,7 +133,13 @@ async def run_level(
                 for _ in range(concurrency):
                     group.create_task(
                         _client_task(
-                            client, indices, records, model=model, requests=requests, max_tokens=max_tokens
+                            client,
+                            indices,
+                            records,
+                            model=model,
+                            requests=requests,
+                            max_tokens=max_tokens,
+                            first_prompt=first_prompt,
                         )
                     )
         except TimeoutError:

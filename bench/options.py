@@ -34,6 +34,12 @@ class BenchOptions:
     skip_server: bool
     worker_args: tuple[str, ...]
 
+    def first_prompt(self, concurrency: int) -> int:
+        """Index of the first prompt of a level: each level takes the next prompts of the list, so no
+        served prompt repeats one an earlier level sent (the prefix cache would hold it whole)."""
+        before = self.concurrency[: self.concurrency.index(concurrency)]
+        return sum(self.requests_at(level) for level in before)
+
     def requests_at(self, concurrency: int) -> int:
         """How many requests the sweep sends at one concurrency level."""
         if self.requests_per_level:

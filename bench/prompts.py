@@ -1,8 +1,11 @@
 """Owns the workload: distinct short user prompts, and their rendering into token ids for the references.
 
-Every request gets a different prompt so no cache or batch can share work by
-accident; all are one short sentence (about 40 tokens once the chat template
-wraps them), so prefill is small and the numbers are about decoding. The
+Every request gets a different user prompt; all are one short sentence (about
+40 tokens once the chat template wraps them). What they do share is the
+template's start (SmolLM2's default system prompt, ~24 tokens), as every chat
+request to this model does: the worker's prefix cache reuses it, as vLLM's and
+SGLang's do, while the transformers references recompute it. To measure
+without it: ``--worker-arg=--prefix-cache-tokens=0``. The
 references render them exactly as the worker does (``worker/admission.py``):
 chat template as text, then ``encode(add_special_tokens=False)``.
 """
