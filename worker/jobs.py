@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, TypedDict
 
 from arq.connections import ArqRedis
+from arq.worker import Retry
 from pydantic import ValidationError
 from redis.exceptions import RedisError
 
@@ -32,6 +33,10 @@ from worker.driver import EngineDriver
 from worker.tokenize_requests import TokenizeService
 
 logger = logging.getLogger(__name__)
+
+_OUTAGE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)
+# arq runs a job again when it raises Retry, up to this many times (a Redis outage at its start).
+GENERATE_MAX_TRIES = 20
 
 
 class RedactJobArguments(logging.Filter):
@@ -78,9 +83,27 @@ async def generate(ctx: WorkerContext, payload: Any) -> None:
         except asyncio.CancelledError:
             await _report_cancellation(ctx, job)
             raise
+        except RedisError as error:
+            # Only the start talks to Redis without retrying (claim, admission, Accepted): Redis
+            # went away there. The job must neither fail for it nor stay claimed by this live
+            # worker, where no reaper would take it over: hand it on, or run it again.
+            logger.warning("Redis failed while starting (%s); retrying once Redis is back", error)
+            if not await _hand_over_after_outage(ctx, job):
+                raise Retry(defer=_OUTAGE_BACKOFF_S[0]) from error
         except Exception as error:  # a bug, not the client's fault: it must still get an answer
             logger.exception("failed")
             await _report_failure(ctx, job, WorkerFailed(f"the worker failed on this request: {error}"))
+
+
+async def _hand_over_after_outage(ctx: WorkerContext, job: GenerationJob) -> bool:
+    """Hand ``job`` over as soon as Redis answers again; False if this worker never claimed it."""
+    failures = 0
+    while True:
+        try:
+            return await ctx["driver"].lifecycle.hand_over(job)
+        except RedisError:
+            await asyncio.sleep(_OUTAGE_BACKOFF_S[min(failures, len(_OUTAGE_BACKOFF_S) - 1)])
+            failures += 1
 
 
 async def _report_failure(ctx: WorkerContext, job: GenerationJob, error: TokenferryError) -> None:

@@ -66,14 +66,16 @@ class JobLifecycle:
             return await self._start_fresh(job)
         return await self._start_resumed(job)
 
-    async def hand_over(self, job: GenerationJob) -> None:
-        """Give ``job`` back to the queue as its next attempt (it must no longer be in the engine)."""
+    async def hand_over(self, job: GenerationJob) -> bool:
+        """Give ``job`` back to the queue as its next attempt (it must no longer be in the engine);
+        False when this worker does not own it (never claimed, or taken over)."""
         attempt = await leases.hand_over(self._pool, job, self._worker_id)
         if attempt is None:
-            logger.info("not handed over: this worker no longer owns it")
-            return
+            logger.info("not handed over: this worker does not own it")
+            return False
         await jobqueue.enqueue(self._pool, job.model_copy(update={"attempt": attempt}))
         logger.info("handed over as attempt %d", attempt)
+        return True
 
     async def _start_fresh(self, job: GenerationJob) -> StartedJob | None:
         # Claimed first: from here on a death of this worker is seen by the reaper, however
@@ -84,19 +86,23 @@ class JobLifecycle:
         if admitted is None:
             return None
         requests = admitted.engine_requests
+        if not await self._accept(job, admitted):
+            return None
+        choices = RequestChoices.start(self._tokenizer, requests, admitted.stop_sequences)
+        engine_ids = tuple(request.request_id for request in requests)
+        return StartedJob(job, choices, engine_ids, requests, len(requests[0].prompt_token_ids))
+
+    async def _accept(self, job: GenerationJob, admitted: AdmittedRequest) -> bool:
+        """Publish ``Accepted``, the stream's first event; False when the job is no longer ours."""
         accepted = Accepted(
-            prompt_tokens=len(requests[0].prompt_token_ids),
+            prompt_tokens=len(admitted.engine_requests[0].prompt_token_ids),
             worker_id=self._worker_id,
             prompt_text=admitted.echo_text,
         )
         lost = await self._writer.publish_owned(
             [(job.request_id, accepted)], owners={job.request_id: self.owner(job)}, model=job.model
         )
-        if lost:
-            return None
-        choices = RequestChoices.start(self._tokenizer, requests, admitted.stop_sequences)
-        engine_ids = tuple(request.request_id for request in requests)
-        return StartedJob(job, choices, engine_ids, requests, accepted.prompt_tokens)
+        return not lost
 
     async def _start_resumed(self, job: GenerationJob) -> StartedJob | None:
         if not await self._claim(job):
@@ -107,6 +113,8 @@ class JobLifecycle:
         admitted = await self._admitted(job)
         if admitted is None:
             return None
+        if not progress.is_accepted and not await self._accept(job, admitted):
+            return None  # the attempt before died between its claim and its first event
         requests = admitted.engine_requests
         choices = RequestChoices.start(self._tokenizer, requests, admitted.stop_sequences)
         to_run = _resume_choices(choices, requests, progress)

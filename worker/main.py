@@ -26,7 +26,7 @@ from shared.streams import EventWriter
 from worker.admission import admit
 from worker.driver import EngineDriver
 from worker.engine import Engine
-from worker.jobs import WorkerContext, generate, install_log_redaction, tokenize
+from worker.jobs import GENERATE_MAX_TRIES, WorkerContext, generate, install_log_redaction, tokenize
 from worker.lifecycle import JobLifecycle
 from worker.metrics import MetricsServer, WorkerMetrics
 from worker.params import DefaultLayers, ModelLimits, spec_from_generation_config
@@ -130,7 +130,7 @@ def build_worker(settings: WorkerSettings, *, handle_signals: bool = True) -> Wo
     worker = QueueWorker(
         # arq types ctx as a plain dict; ours is the same dict seen through WorkerContext.
         functions=[
-            func(cast(Any, generate), name=jobqueue.GENERATE_FUNCTION, max_tries=1),
+            func(cast(Any, generate), name=jobqueue.GENERATE_FUNCTION, max_tries=GENERATE_MAX_TRIES),
             func(cast(Any, tokenize), name=jobqueue.TOKENIZE_FUNCTION, max_tries=1),
         ],
         queue_name=keys.queue(settings.model_name),
@@ -220,7 +220,7 @@ def _batch_lane_worker(ctx: WorkerContext, settings: WorkerSettings, driver: Eng
         return min(spare, batch_slots - driver.active_in_lane(keys.Lane.BATCH.value))
 
     worker = QueueWorker(
-        functions=[func(cast(Any, generate), name=jobqueue.GENERATE_FUNCTION, max_tries=1)],
+        functions=[func(cast(Any, generate), name=jobqueue.GENERATE_FUNCTION, max_tries=GENERATE_MAX_TRIES)],
         queue_name=keys.queue(settings.model_name, keys.Lane.BATCH),
         ctx=dict(ctx),
         max_jobs=batch_slots,

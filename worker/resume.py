@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from shared.protocol import TERMINAL_EVENT_TYPES, ChoiceFinished, Delta, TokenEvent
+from shared.protocol import TERMINAL_EVENT_TYPES, Accepted, ChoiceFinished, Delta, TokenEvent
 
 
 @dataclass
@@ -28,6 +28,7 @@ class ChoiceProgress:
 class StreamProgress:
     choices: dict[int, ChoiceProgress] = field(default_factory=dict)
     is_over: bool = False  # the terminal event is stored: nothing to resume
+    is_accepted: bool = False  # ``Accepted`` is stored (an attempt may die between its claim and it)
 
     def choice(self, index: int) -> ChoiceProgress:
         return self.choices.setdefault(index, ChoiceProgress())
@@ -43,6 +44,8 @@ def progress_of(events: Iterable[TokenEvent]) -> StreamProgress:
             choice.text += event.text
         elif isinstance(event, ChoiceFinished):
             progress.choice(event.index).is_finished = True
+        elif isinstance(event, Accepted):
+            progress.is_accepted = True
         elif event.type in TERMINAL_EVENT_TYPES:
             progress.is_over = True
     return progress
