@@ -27,14 +27,13 @@ from shared.errors import WorkerFailed
 from shared.logs import request_context
 from shared.protocol import Failed, GenerationJob, TokenEvent
 from shared.streams import EventWriter
+from worker.backoff import outage_delay
 from worker.choices import RequestChoices
 from worker.engine import Engine, EngineRequest, SequenceUpdate
 from worker.lifecycle import JobLifecycle
 from worker.metrics import WorkerMetrics
 
 logger = logging.getLogger(__name__)
-
-_PUBLISH_RETRY_S = (0.1, 0.25, 0.5, 1.0, 2.0)
 
 
 @dataclass
@@ -173,7 +172,7 @@ class EngineDriver:
                 return
             except RedisError as error:
                 # The engine does not step meanwhile: generation pauses instead of dropping tokens.
-                delay = _PUBLISH_RETRY_S[min(attempt, len(_PUBLISH_RETRY_S) - 1)]
+                delay = outage_delay(attempt)
                 logger.warning("publishing a step failed (%s); retrying in %.2f s", error, delay)
                 await asyncio.sleep(delay)
                 attempt += 1

@@ -29,12 +29,12 @@ from shared.protocol import Failed, GenerationJob, TokenizeJob, TokenizeReply
 from shared.replies import send_reply
 from shared.settings import WorkerSettings
 from shared.streams import EventWriter
+from worker.backoff import outage_delay
 from worker.driver import EngineDriver
 from worker.tokenize_requests import TokenizeService
 
 logger = logging.getLogger(__name__)
 
-_OUTAGE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)
 # arq runs a job again when it raises Retry, up to this many times (a Redis outage at its start).
 GENERATE_MAX_TRIES = 20
 
@@ -89,7 +89,7 @@ async def generate(ctx: WorkerContext, payload: Any) -> None:
             # worker, where no reaper would take it over: hand it on, or run it again.
             logger.warning("Redis failed while starting (%s); retrying once Redis is back", error)
             if not await _hand_over_after_outage(ctx, job):
-                raise Retry(defer=_OUTAGE_BACKOFF_S[0]) from error
+                raise Retry(defer=outage_delay(0)) from error
         except Exception as error:  # a bug, not the client's fault: it must still get an answer
             logger.exception("failed")
             await _report_failure(ctx, job, WorkerFailed(f"the worker failed on this request: {error}"))
@@ -102,7 +102,7 @@ async def _hand_over_after_outage(ctx: WorkerContext, job: GenerationJob) -> boo
         try:
             return await ctx["driver"].lifecycle.hand_over(job)
         except RedisError:
-            await asyncio.sleep(_OUTAGE_BACKOFF_S[min(failures, len(_OUTAGE_BACKOFF_S) - 1)])
+            await asyncio.sleep(outage_delay(failures))
             failures += 1
 
 

@@ -47,10 +47,10 @@ from arq.worker import Worker
 from redis.exceptions import RedisError
 
 from shared import keys
+from worker.backoff import outage_delay
 
 logger = logging.getLogger(__name__)
 
-_OUTAGE_BACKOFF_S = (0.1, 0.25, 0.5, 1.0, 2.0)
 # Queue ids read per poll: must exceed the jobs running across all workers of a lane,
 # which stay in the queue's sorted set until they finish.
 _READ_WINDOW = 2048
@@ -133,7 +133,7 @@ class QueueWorker(Worker):
                 await self._poll_iteration()
                 failures = 0
             except RedisError as error:
-                delay = _OUTAGE_BACKOFF_S[min(failures, len(_OUTAGE_BACKOFF_S) - 1)]
+                delay = outage_delay(failures)
                 failures += 1
                 logger.warning("queue poll failed (%s); retrying in %.2f s", error, delay)
                 await asyncio.sleep(delay)
@@ -187,7 +187,7 @@ class QueueWorker(Worker):
                         if message.get("type") == "message":
                             self._woken.set()
             except RedisError as error:
-                delay = _OUTAGE_BACKOFF_S[min(failures, len(_OUTAGE_BACKOFF_S) - 1)]
+                delay = outage_delay(failures)
                 failures += 1
                 logger.debug("wake-up subscription lost (%s); resubscribing in %.2f s", error, delay)
                 await asyncio.sleep(delay)
