@@ -108,7 +108,7 @@ def _text_tokens(text: str) -> int:
     return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
-def get_admitter(request: Request, principal: PrincipalDep) -> Admitter:
+async def get_admitter(request: Request, principal: PrincipalDep) -> Admitter:
     state = get_state(request)
     scope_state = request.scope.setdefault("state", {})
     return Admitter(state.pool, state.rate_limiter, state.max_tokens_limit, principal, scope_state)

@@ -61,7 +61,7 @@ async def running(app: FastAPI, settings: GatewaySettings, pool: ArqRedis) -> As
         del app.state.background
 
 
-def get_background(request: Request) -> Background:
+async def get_background(request: Request) -> Background:
     background = getattr(request.app.state, "background", None)
     if not isinstance(background, Background):
         raise RuntimeError("background state missing: the app's lifespan did not run")

@@ -4,6 +4,9 @@ Handlers declare these as ``Annotated`` aliases and read like what they need
 (``dispatcher: DispatcherDep``). The state is what ``gateway/app.py``'s lifespan
 built; it is read from ``app.state`` (see the note there on why not from the
 per-request copy of the lifespan state).
+
+Every dependency is ``async def``, even one doing no I/O: FastAPI runs a plain
+``def`` dependency on its thread pool, which costs each request a thread hop.
 """
 
 from __future__ import annotations
@@ -46,15 +49,15 @@ def get_state(request: Request) -> GatewayState:
     return state
 
 
-def get_pool(request: Request) -> ArqRedis:
+async def get_pool(request: Request) -> ArqRedis:
     return get_state(request).pool
 
 
-def get_dispatcher(request: Request) -> Dispatcher:
+async def get_dispatcher(request: Request) -> Dispatcher:
     return get_state(request).dispatcher
 
 
-def get_request_id(request: Request) -> str:
+async def get_request_id(request: Request) -> str:
     request_id = request_id_of(request.scope)
     if request_id is None:
         raise RuntimeError("request id missing: RequestIdMiddleware is not installed")

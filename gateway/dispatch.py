@@ -175,13 +175,12 @@ class Dispatcher:
         )
         return Admission(job=job, accepted=first, deadline=deadline, enqueued_at=enqueued_at)
 
-    async def _require_place_in_line(self, job: GenerationJob) -> None:
+    async def _refuse_when_overloaded(self, job: GenerationJob, ahead: int) -> None:
         """Refuse (429) a just-enqueued job with ``max_queued`` others waiting ahead of it.
 
         Checked after enqueueing, by position, so a burst arriving at once is cut at
         the bound exactly rather than all passing a check made before any enqueued.
         """
-        ahead = await jobqueue.place_in_line(self._pool, job)
         if ahead >= self._max_queued:
             await self.abort(job.request_id, reason="queue full")
             await jobqueue.forget(self._pool, job.model, job.request_id)
@@ -193,9 +192,9 @@ class Dispatcher:
     async def _enqueue_and_wait(self, job: GenerationJob, deadline: float) -> StreamEvent:
         """Enqueue ``job`` and return its first event; any failure on the way aborts it."""
         try:
-            await jobqueue.enqueue(self._pool, job)
-            logger.info("enqueued model=%s", job.model)
-            await self._require_place_in_line(job)
+            ahead = await jobqueue.enqueue(self._pool, job)
+            logger.info("enqueued model=%s behind %d", job.model, ahead)
+            await self._refuse_when_overloaded(job, ahead)
             async with aclosing(self._reader.read(job.request_id, deadline=deadline)) as events:
                 async for item in events:
                     return item

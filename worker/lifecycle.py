@@ -78,17 +78,18 @@ class JobLifecycle:
         return True
 
     async def _start_fresh(self, job: GenerationJob) -> StartedJob | None:
-        # Claimed first: from here on a death of this worker is seen by the reaper, however
-        # long admission waits for a tokenizer thread.
-        if not await self._claim(job):
+        # Claimed while admission tokenizes: the claim is one round trip, so it lands long
+        # before a long prompt is tokenized, and a death of this worker is seen by the reaper.
+        is_claimed, admission = await asyncio.gather(self._claim(job), self._admission(job))
+        if not is_claimed:
             return None
-        admitted = await self._admitted(job)
-        if admitted is None:
+        if isinstance(admission, TokenferryError):
+            await self._reject(job, admission, claimed=True)
             return None
-        requests = admitted.engine_requests
-        if not await self._accept(job, admitted):
+        requests = admission.engine_requests
+        if not await self._accept(job, admission):
             return None
-        choices = RequestChoices.start(self._tokenizer, requests, admitted.stop_sequences)
+        choices = RequestChoices.start(self._tokenizer, requests, admission.stop_sequences)
         engine_ids = tuple(request.request_id for request in requests)
         return StartedJob(job, choices, engine_ids, requests, len(requests[0].prompt_token_ids))
 
@@ -128,11 +129,18 @@ class JobLifecycle:
 
     async def _admitted(self, job: GenerationJob) -> AdmittedRequest | None:
         """The job's engine requests, or None once a rejection ended it (and its claim)."""
+        admission = await self._admission(job)
+        if isinstance(admission, TokenferryError):
+            await self._reject(job, admission, claimed=True)
+            return None
+        return admission
+
+    async def _admission(self, job: GenerationJob) -> AdmittedRequest | TokenferryError:
+        """The job's engine requests, or why it cannot run (tokenized on a thread: prompts may be long)."""
         try:
             return await asyncio.to_thread(self._admit, job)
         except TokenferryError as error:
-            await self._reject(job, error, claimed=True)
-            return None
+            return error
 
     async def _claim(self, job: GenerationJob) -> bool:
         claim = await leases.begin(self._pool, job, self._worker_id)

@@ -134,6 +134,7 @@ def build_worker(settings: WorkerSettings, *, handle_signals: bool = True) -> Wo
             func(cast(Any, tokenize), name=jobqueue.TOKENIZE_FUNCTION, max_tries=1),
         ],
         queue_name=keys.queue(settings.model_name),
+        lane=keys.Lane.INTERACTIVE,
         on_startup=cast(Any, _startup),
         on_shutdown=cast(Any, _shutdown),
         ctx=ctx,
@@ -222,6 +223,7 @@ def _batch_lane_worker(ctx: WorkerContext, settings: WorkerSettings, driver: Eng
     worker = QueueWorker(
         functions=[func(cast(Any, generate), name=jobqueue.GENERATE_FUNCTION, max_tries=GENERATE_MAX_TRIES)],
         queue_name=keys.queue(settings.model_name, keys.Lane.BATCH),
+        lane=keys.Lane.BATCH,
         ctx=dict(ctx),
         max_jobs=batch_slots,
         poll_delay=settings.poll_delay_s,

@@ -4,8 +4,8 @@
    process, and on CPU every wake-up steals time from the model's threads, so a
    short delay costs compute and a long one adds up to a whole delay to every
    start and abort. Here the loop sleeps until a message or the poll delay,
-   whichever comes first: the gateway publishes on ``keys.wake(model)`` after
-   each enqueue and on ``keys.ABORTS_CHANNEL`` after each abort, and a job
+   whichever comes first: the gateway publishes the job's lane on ``keys.wake(model)``
+   after each enqueue and on ``keys.ABORTS_CHANNEL`` after each abort, and a job
    finishing here wakes both lanes (its slot can take a waiting job). Jobs start
    and aborts land at once; the poll is only a safety net.
 2. **Redis outages.** In arq a failed poll ends ``main()`` and with it the worker.
@@ -15,16 +15,17 @@
    finish for up to ``drain_grace_s``, then shuts down; jobs still running then are
    cancelled, which hands them over to another worker (``worker/jobs.py``). A second
    signal shuts down at once (with the same handover).
-4. **Cheap polls.** arq keeps running jobs in the queue's sorted set and, at every
+4. **One-trip polls.** arq keeps running jobs in the queue's sorted set and, at every
    poll, checks each one it reads with three round trips (WATCH, EXISTS, ZSCORE)
-   before skipping it; it also reads only ``queue_read_limit`` ids, oldest first.
-   With 32 sequences running, a poll every 50 ms cost ~100 round trips on the
-   event loop the engine shares (measured: 31 concurrent requests reached the
-   engine ~1 s after the first), and with more jobs running across workers than
-   the read limit, a new job was never seen at all. Here a poll reads a wide
-   window, skips this worker's own jobs without asking Redis, checks the others
-   with one pipelined EXISTS per slice, and hands arq only jobs that look free
-   (arq still claims each atomically).
+   before skipping it, then claims a free one with a fourth; it also reads only
+   ``queue_read_limit`` ids, oldest first. With 32 sequences running, a poll every
+   50 ms cost ~100 round trips on the event loop the engine shares (measured: 31
+   concurrent requests reached the engine ~1 s after the first), and with more
+   jobs running across workers than the read limit, a new job was never seen at
+   all. Here a poll is one script (``_CLAIM``): it reads a wide window, skips
+   jobs running anywhere, and claims as many free ones as this poll may start,
+   each exactly as arq claims it (its in-progress key), so arq runs them unchanged.
+   A wake-up to start a job thus costs one round trip, not five.
 5. **Lanes.** One worker per lane queue: the interactive one takes every job it
    can; a batch-lane companion (same process, same engine) is gated by ``room``,
    which says how many batch jobs fit in the engine's spare capacity right now.
@@ -38,6 +39,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -54,7 +56,22 @@ logger = logging.getLogger(__name__)
 # Queue ids read per poll: must exceed the jobs running across all workers of a lane,
 # which stay in the queue's sorted set until they finish.
 _READ_WINDOW = 2048
-_CHECK_SLICE = 64  # ids whose in-progress keys one pipelined round trip checks
+# Claims up to ARGV[3] due jobs of queue KEYS[1] (oldest first) that no worker runs: arq's
+# claim, an in-progress key (prefix ARGV[5]) living ARGV[2] ms. Returns id, score, id, score...
+# ARGV[1] is now (ms), ARGV[4] the read window.
+_CLAIM = """
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, ARGV[4])
+local wanted = tonumber(ARGV[3]) * 2
+local claimed = {}
+for i = 1, #due, 2 do
+    if #claimed >= wanted then break end
+    if redis.call('SET', ARGV[5] .. due[i], '1', 'NX', 'PX', ARGV[2]) then
+        claimed[#claimed + 1] = due[i]
+        claimed[#claimed + 1] = due[i + 1]
+    end
+end
+return claimed
+"""
 
 
 class QueueWorker(Worker):
@@ -62,6 +79,7 @@ class QueueWorker(Worker):
         self,
         *args: Any,
         wake_channel: str,
+        lane: keys.Lane,
         drain_grace_s: float,
         drain_on_signals: bool,
         on_drain: Callable[[], None] = lambda: None,
@@ -72,6 +90,7 @@ class QueueWorker(Worker):
         self.queue_read_limit = _READ_WINDOW
         self._picks = self.max_jobs  # how many new jobs this poll may start (``room`` for a gated lane)
         self._wake_channel = wake_channel
+        self._lane = lane.value.encode()
         self._drain_grace_s = drain_grace_s
         self._drain_on_signals = drain_on_signals
         self._on_drain = on_drain
@@ -145,26 +164,40 @@ class QueueWorker(Worker):
                     await self._woken.wait()
             self._woken.clear()
 
-    async def start_jobs(self, job_ids: list[bytes]) -> None:
-        """Start the free jobs among ``job_ids`` (oldest first), at most as many as this poll may."""
-        wanted = min(self._picks, self.max_jobs - self.job_counter)
-        free: list[bytes] = []
-        candidates = [job_id for job_id in job_ids if job_id.decode() not in self.tasks]
-        for start in range(0, len(candidates), _CHECK_SLICE):
-            if len(free) >= wanted:
-                break
-            chunk = candidates[start : start + _CHECK_SLICE]
-            async with self.pool.pipeline(transaction=False) as pipe:
-                for job_id in chunk:
-                    pipe.exists(in_progress_key_prefix + job_id.decode())
-                running = await pipe.execute()
-            free += [job_id for job_id, busy in zip(chunk, running, strict=True) if not busy]
-        if free and wanted > 0:
-            await super().start_jobs(free[:wanted])
-            for job_id in free[:wanted]:
-                task = self.tasks.get(job_id.decode())
-                if task is not None:
-                    task.add_done_callback(lambda _: self.nudge_all())
+    async def _poll_iteration(self) -> None:
+        """arq's poll with its start-up (``start_jobs``) done by one script; aborts and clean-up as arq's."""
+        if self.allow_pick_jobs:
+            wanted = min(self._picks, self.max_jobs - self.job_counter)
+            if wanted > 0:
+                await self._claim_and_start(wanted)
+        if self.allow_abort_jobs:
+            await self._cancel_aborted_jobs()
+        for job_id, task in list(self.tasks.items()):
+            if task.done():
+                del self.tasks[job_id]
+                task.result()  # as arq: an error escaping run_job surfaces here
+        await self.heart_beat()
+
+    async def _claim_and_start(self, wanted: int) -> None:
+        claimed: list[bytes] = await self.pool.eval(  # type: ignore[misc]
+            _CLAIM,
+            1,
+            self.queue_name,
+            str(int(time.time() * 1000)),
+            str(int(self.in_progress_timeout_s * 1000)),
+            str(wanted),
+            str(self.queue_read_limit),
+            in_progress_key_prefix,
+        )
+        for job_id_bytes, score in zip(claimed[::2], claimed[1::2], strict=True):
+            # arq's bookkeeping for a started job, as its start_jobs does it.
+            await self.sem.acquire()
+            self.job_counter += 1
+            job_id = job_id_bytes.decode()
+            task = self.loop.create_task(self.run_job(job_id, int(float(score))))
+            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+            task.add_done_callback(lambda _: self.nudge_all())
+            self.tasks[job_id] = task
 
     def add_companion(self, companion: QueueWorker) -> None:
         """Another lane's worker in this process: drained with this one, nudged with it."""
@@ -184,13 +217,22 @@ class QueueWorker(Worker):
                     await pubsub.subscribe(self._wake_channel, keys.ABORTS_CHANNEL)
                     failures = 0
                     async for message in pubsub.listen():
-                        if message.get("type") == "message":
+                        if message.get("type") == "message" and self._wakes_this_lane(message):
                             self._woken.set()
             except RedisError as error:
                 delay = outage_delay(failures)
                 failures += 1
                 logger.debug("wake-up subscription lost (%s); resubscribing in %.2f s", error, delay)
                 await asyncio.sleep(delay)
+
+    def _wakes_this_lane(self, message: dict[str, Any]) -> bool:
+        """Aborts concern every lane; an enqueue only the lane it names (an interactive
+        request must not also wake the batch lane, which would poll ahead of it)."""
+        channel = message.get("channel")
+        if channel in (keys.ABORTS_CHANNEL, keys.ABORTS_CHANNEL.encode()):
+            return True
+        data = message.get("data")
+        return (data.encode() if isinstance(data, str) else data) == self._lane
 
     async def _finish_drain(self) -> None:
         running = [
