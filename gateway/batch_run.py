@@ -107,13 +107,16 @@ class BatchRun:
         ]
 
     async def _top_up(self, cursor: int) -> None:
-        while cursor < len(self._lines) and len(self._running) < self._context.max_inflight:
-            request_id = secrets.token_hex(16)
-            await self._store.start_line(self._batch.id, cursor, request_id)
-            self._running[cursor] = request_id
-            for job in self._jobs(cursor, request_id):
-                await jobqueue.enqueue(self._context.pool, job, lane=keys.Lane.BATCH)
-            cursor += 1
+        """Start lines from ``cursor`` up to ``max_inflight`` running: recorded first, then enqueued
+        together (one round trip each, and one wake-up for the workers)."""
+        room = min(len(self._lines) - cursor, self._context.max_inflight - len(self._running))
+        started = {line: secrets.token_hex(16) for line in range(cursor, cursor + max(0, room))}
+        if not started:
+            return
+        await self._store.start_lines(self._batch.id, started)
+        self._running.update(started)
+        jobs = [job for line, request_id in started.items() for job in self._jobs(line, request_id)]
+        await jobqueue.enqueue_many(self._context.pool, jobs, keys.Lane.BATCH)
 
     async def _resume_unstarted(self) -> None:
         """After a takeover: enqueue again the running lines whose jobs never published a thing."""
@@ -133,20 +136,28 @@ class BatchRun:
                 for job_id in ids:
                     pipe.xrevrange(keys.events(job_id), count=1)
             last = await pipe.execute()
+        ended: list[tuple[int, str, list[str]]] = []
         position = 0
         for (line, request_id), ids in zip(lines, job_ids, strict=True):
-            ended = all(_is_terminal(entries) for entries in last[position : position + len(ids)])
+            if all(_is_terminal(entries) for entries in last[position : position + len(ids)]):
+                ended.append((line, request_id, ids))
             position += len(ids)
-            if ended:
-                await self._finish(line, request_id, ids)
+        if ended:
+            await self._finish(ended)
 
-    async def _finish(self, line: int, request_id: str, job_ids: list[str]) -> None:
-        results = [[item.event for item in await self._reader.history(job_id)] for job_id in job_ids]
-        output, failed = batch_lines.output_line(
-            self._lines[line], _line_id(request_id), request_id, time.time(), results
-        )
-        await self._store.finish_line(self._batch.id, line, output.model_dump_json(), failed=failed)
-        self._running.pop(line, None)
+    async def _finish(self, ended: list[tuple[int, str, list[str]]]) -> None:
+        """Write the result lines of ``ended`` lines (line, request id, job ids): two round trips in all."""
+        histories = iter(await self._reader.histories([job_id for _, _, ids in ended for job_id in ids]))
+        finished: list[tuple[int, str, bool]] = []
+        for line, request_id, ids in ended:
+            results = [[item.event for item in next(histories)] for _ in ids]
+            output, failed = batch_lines.output_line(
+                self._lines[line], _line_id(request_id), request_id, time.time(), results
+            )
+            finished.append((line, output.model_dump_json(), failed))
+        await self._store.finish_lines(self._batch.id, finished)
+        for line, _, _ in ended:
+            self._running.pop(line, None)
 
     async def _stop(self, status: str, allowed: tuple[str, ...]) -> None:
         """End early (cancelled or expired): abort what runs, write what finished, then the files."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import secrets
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -137,11 +138,16 @@ class BatchStore:
         value = await self._redis.hget(keys.batch(batch_id), name)  # type: ignore[misc]
         return None if value is None else _text(value)
 
-    async def start_line(self, batch_id: str, line: int, request_id: str) -> None:
-        """Record line ``line`` as running under ``request_id`` and move the cursor past it, atomically."""
+    async def start_lines(self, batch_id: str, started: dict[int, str]) -> None:
+        """Record lines as running (line -> request id) and move the cursor past them, atomically."""
+        if not started:
+            return
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(keys.batch_part(batch_id, "inflight"), str(line), request_id)
-            pipe.hset(keys.batch(batch_id), "cursor", str(line + 1))
+            pipe.hset(
+                keys.batch_part(batch_id, "inflight"),
+                mapping={str(line): rid for line, rid in started.items()},
+            )
+            pipe.hset(keys.batch(batch_id), "cursor", str(max(started) + 1))
             pipe.expire(keys.batch_part(batch_id, "inflight"), COMPLETION_WINDOW_S + self.retention_s)
             await pipe.execute()
 
@@ -153,21 +159,29 @@ class BatchStore:
         return {int(_text(item)) for item in await self._redis.smembers(keys.batch_part(batch_id, "done"))}  # type: ignore[misc]
 
     async def finish_line(self, batch_id: str, line: int, result_json: str, *, failed: bool) -> None:
-        part = "errors" if failed else "output"
-        await self._finish_line(
-            keys=[
-                keys.batch_part(batch_id, "done"),
-                keys.batch(batch_id),
-                keys.batch_part(batch_id, part),
-                keys.batch_part(batch_id, "inflight"),
-            ],
-            args=[
-                line,
-                result_json,
-                "failed" if failed else "completed",
-                COMPLETION_WINDOW_S + self.retention_s,
-            ],
-        )
+        await self.finish_lines(batch_id, [(line, result_json, failed)])
+
+    async def finish_lines(self, batch_id: str, finished: Sequence[tuple[int, str, bool]]) -> None:
+        """Store each (line, result JSON, failed) once, counting it, in one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for line, result_json, failed in finished:
+                part = "errors" if failed else "output"
+                await self._finish_line(
+                    keys=[
+                        keys.batch_part(batch_id, "done"),
+                        keys.batch(batch_id),
+                        keys.batch_part(batch_id, part),
+                        keys.batch_part(batch_id, "inflight"),
+                    ],
+                    args=[
+                        line,
+                        result_json,
+                        "failed" if failed else "completed",
+                        COMPLETION_WINDOW_S + self.retention_s,
+                    ],
+                    client=pipe,
+                )
+            await pipe.execute()
 
     async def results(self, batch_id: str, part: str) -> bytes:
         """The output (``output``) or error (``errors``) lines so far, as one JSONL document."""

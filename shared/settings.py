@@ -216,6 +216,11 @@ class WorkerSettings(_Settings):
     batch_share: float = Field(
         0.75, gt=0, le=1, description="Most of --max-batch-size batch-lane work may fill (interactive first)."
     )
+    batch_hold_s: float = Field(
+        1.0,
+        ge=0,
+        description="Batch-lane tokens are published merged at most this often (interactive: every step).",
+    )
     metrics_port: int | None = Field(
         None, ge=0, le=65535, description="Port of the worker's /metrics (Prometheus); None: off."
     )

@@ -144,11 +144,15 @@ class EventReader:
 
     async def history(self, request_id: str) -> list[StreamEvent]:
         """Every event stored so far for ``request_id``, oldest first."""
-        entries = await self._redis.xrange(keys.events(request_id))
-        return [
-            StreamEvent(raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id), decode_event(fields))
-            for raw_id, fields in entries
-        ]
+        return _stream_events(await self._redis.xrange(keys.events(request_id)))
+
+    async def histories(self, request_ids: Sequence[str]) -> list[list[StreamEvent]]:
+        """``history`` of each of ``request_ids``, in one round trip."""
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for request_id in request_ids:
+                pipe.xrange(keys.events(request_id))
+            replies = await pipe.execute()
+        return [_stream_events(entries) for entries in replies]
 
     async def _xread(self, stream: str, last_id: str, block_ms: int) -> Any:
         outage_started: float | None = None
@@ -167,6 +171,13 @@ class EventReader:
                 if now - outage_started > self._outage_tolerance_s:
                     raise Unavailable(f"lost the connection to Redis: {error}") from error
                 await asyncio.sleep(_OUTAGE_RETRY_S)
+
+
+def _stream_events(entries: Any) -> list[StreamEvent]:
+    return [
+        StreamEvent(raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id), decode_event(fields))
+        for raw_id, fields in entries
+    ]
 
 
 def _being_cancelled() -> bool:

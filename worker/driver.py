@@ -10,7 +10,9 @@ A request with n choices runs as n engine sequences (``worker/choices.py``); the
 driver maps each engine id back to its request and choice. What happens to a job
 before it reaches the engine (claiming, first events, resume) and when it is given
 back is ``worker/lifecycle.py``'s; the driver publishes fenced by the job's owner,
-so a job taken over elsewhere is dropped here at its next step.
+so a job taken over elsewhere is dropped here at its next step. Batch-lane jobs'
+events are held and published merged (``worker/held_events.py``): nobody reads
+them token by token.
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from dataclasses import dataclass
 from redis.exceptions import RedisError
 
 from shared.errors import WorkerFailed
+from shared.keys import Lane
 from shared.logs import request_context
 from shared.protocol import Failed, GenerationJob, TokenEvent
 from shared.streams import EventWriter
 from worker.backoff import outage_delay
 from worker.choices import RequestChoices
 from worker.engine import Engine, EngineRequest, SequenceUpdate
+from worker.held_events import HeldEvents
 from worker.lifecycle import JobLifecycle
 from worker.metrics import WorkerMetrics
 
@@ -55,6 +59,7 @@ class EngineDriver:
         writer: EventWriter,
         model: str,
         metrics: WorkerMetrics | None = None,
+        batch_hold_s: float = 1.0,
     ) -> None:
         self.metrics = metrics or WorkerMetrics()
         self.lifecycle = lifecycle
@@ -64,6 +69,7 @@ class EngineDriver:
         self._active: dict[str, _Active] = {}
         self._choice_of: dict[str, tuple[str, int]] = {}  # engine id -> (request id, choice index)
         self._inbox: list[EngineRequest | str] = []  # a request to add, or an id to abort
+        self._held = HeldEvents(batch_hold_s)  # batch-lane events, published merged
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
@@ -101,6 +107,7 @@ class EngineDriver:
         active = self._active.pop(request_id, None)
         if active is None:
             return
+        self._held.drop(request_id)
         for engine_id in active.engine_ids:
             if self._choice_of.pop(engine_id, None) is not None:
                 self._post(engine_id)
@@ -152,13 +159,17 @@ class EngineDriver:
                 continue  # aborted while the step ran
             with request_context(request_id):
                 produced = active.choices.consume(index, update)
-            events.extend((request_id, event) for event in produced)
+            if active.job.lane == Lane.BATCH.value:
+                events.extend((request_id, event) for event in self._held.take(request_id, produced))
+            else:
+                events.extend((request_id, event) for event in produced)
             if any(event.type == "choice_finished" for event in produced):
                 del self._choice_of[update.request_id]
                 if not update.is_finished:
                     self._engine.abort(update.request_id)  # a stop sequence ended it; safe between steps
             if produced and produced[-1].type == "finished":
                 finished.append(request_id)
+        events.extend(self._held.due())
         return finished, events
 
     async def _publish(self, events: list[tuple[str, TokenEvent]]) -> None:
@@ -184,6 +195,7 @@ class EngineDriver:
             self._forget(request_id, release=True)
 
     def _release(self, request_id: str) -> None:
+        self._held.drop(request_id)
         active = self._active.pop(request_id, None)
         for engine_id in active.engine_ids if active is not None else ():
             self._choice_of.pop(engine_id, None)
@@ -194,6 +206,7 @@ class EngineDriver:
         failure = Failed(error=WorkerFailed("the model failed while generating this request").to_info())
         request_ids = list(self._active)
         for request_id in request_ids:
+            self._held.drop(request_id)
             for engine_id in self._active[request_id].engine_ids:
                 self._engine.abort(engine_id)
         await self._publish([(request_id, failure) for request_id in request_ids])

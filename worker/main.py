@@ -167,7 +167,9 @@ async def _startup(ctx: WorkerContext) -> None:
     admitter = functools.partial(admit, tokenizer=backend.tokenizer, defaults=defaults, limits=limits)
     pool = ctx["redis"]
     lifecycle = JobLifecycle(pool, writer, backend.tokenizer, admitter, ctx["worker_id"])
-    driver = EngineDriver(backend.engine, lifecycle, writer, settings.model_name, metrics)
+    driver = EngineDriver(
+        backend.engine, lifecycle, writer, settings.model_name, metrics, batch_hold_s=settings.batch_hold_s
+    )
     info = registry.WorkerInfo(
         worker_id=ctx["worker_id"],
         model=settings.model_name,

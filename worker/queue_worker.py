@@ -6,8 +6,10 @@
    start and abort. Here the loop sleeps until a message or the poll delay,
    whichever comes first: the gateway publishes the job's lane on ``keys.wake(model)``
    after each enqueue and on ``keys.ABORTS_CHANNEL`` after each abort, and a job
-   finishing here wakes both lanes (its slot can take a waiting job). Jobs start
-   and aborts land at once; the poll is only a safety net.
+   finishing here wakes its own lane and the lanes gated by the engine's room (its
+   slot can take a waiting job). Jobs start and aborts land at once; the poll is
+   only a safety net. arq reads its abort set at every poll; here only after an
+   abort was announced, and at the safety-net polls: each read is a round trip.
 2. **Redis outages.** In arq a failed poll ends ``main()`` and with it the worker.
    Here it is logged and retried with backoff, so a worker rides out a Redis restart
    and goes on serving with no restart of its own.
@@ -36,7 +38,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import signal
 import time
@@ -98,6 +99,10 @@ class QueueWorker(Worker):
         self.companions: list[QueueWorker] = []  # other lanes' workers, drained with this one
         self._leaders: list[QueueWorker] = []  # the worker this one is a companion of
         self._woken = asyncio.Event()
+        # arq's abort set is read when an abort was announced since it was last read, and at
+        # the safety-net polls: counters, so an announcement during a read is not lost.
+        self._aborts_announced = 1
+        self._aborts_read = 0
         self._draining = False
         self._stopping = False
         self._background: set[asyncio.Task[None]] = set()
@@ -159,9 +164,11 @@ class QueueWorker(Worker):
                 continue
             # asyncio.timeout, not wait_for: in Python 3.11 wait_for swallows a cancellation that
             # lands as the event fires, and a finishing job sets it at any moment.
-            with contextlib.suppress(TimeoutError):
+            try:
                 async with asyncio.timeout(self.poll_delay_s):
                     await self._woken.wait()
+            except TimeoutError:
+                self._aborts_announced += 1  # the safety net covers a missed announcement too
             self._woken.clear()
 
     async def _poll_iteration(self) -> None:
@@ -170,8 +177,10 @@ class QueueWorker(Worker):
             wanted = min(self._picks, self.max_jobs - self.job_counter)
             if wanted > 0:
                 await self._claim_and_start(wanted)
-        if self.allow_abort_jobs:
+        if self.allow_abort_jobs and self._aborts_announced != self._aborts_read:
+            announced = self._aborts_announced
             await self._cancel_aborted_jobs()
+            self._aborts_read = announced
         for job_id, task in list(self.tasks.items()):
             if task.done():
                 del self.tasks[job_id]
@@ -196,7 +205,7 @@ class QueueWorker(Worker):
             job_id = job_id_bytes.decode()
             task = self.loop.create_task(self.run_job(job_id, int(float(score))))
             task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
-            task.add_done_callback(lambda _: self.nudge_all())
+            task.add_done_callback(lambda _: self._slot_freed())
             self.tasks[job_id] = task
 
     def add_companion(self, companion: QueueWorker) -> None:
@@ -204,10 +213,15 @@ class QueueWorker(Worker):
         self.companions.append(companion)
         companion._leaders.append(self)
 
-    def nudge_all(self) -> None:
-        """Poll now, here and in the other lanes: a slot just came free."""
+    def _slot_freed(self) -> None:
+        """A job here finished: poll now, here and in every lane gated by the engine's room.
+
+        Not in an ungated lane of another kind: its own slots did not change, and each
+        poll is a round trip on the event loop the engine's steps are published from.
+        """
         for worker in (self, *self.companions, *self._leaders):
-            worker._woken.set()
+            if worker is self or worker._room is not None:
+                worker._woken.set()
 
     async def _listen_for_wakeups(self) -> None:
         failures = 0
@@ -217,22 +231,18 @@ class QueueWorker(Worker):
                     await pubsub.subscribe(self._wake_channel, keys.ABORTS_CHANNEL)
                     failures = 0
                     async for message in pubsub.listen():
-                        if message.get("type") == "message" and self._wakes_this_lane(message):
+                        if message.get("type") != "message":
+                            continue
+                        if _is_abort(message):
+                            self._aborts_announced += 1
+                            self._woken.set()
+                        elif message.get("data") in (self._lane, self._lane.decode()):
                             self._woken.set()
             except RedisError as error:
                 delay = outage_delay(failures)
                 failures += 1
                 logger.debug("wake-up subscription lost (%s); resubscribing in %.2f s", error, delay)
                 await asyncio.sleep(delay)
-
-    def _wakes_this_lane(self, message: dict[str, Any]) -> bool:
-        """Aborts concern every lane; an enqueue only the lane it names (an interactive
-        request must not also wake the batch lane, which would poll ahead of it)."""
-        channel = message.get("channel")
-        if channel in (keys.ABORTS_CHANNEL, keys.ABORTS_CHANNEL.encode()):
-            return True
-        data = message.get("data")
-        return (data.encode() if isinstance(data, str) else data) == self._lane
 
     async def _finish_drain(self) -> None:
         running = [
@@ -268,3 +278,7 @@ class QueueWorker(Worker):
         task = asyncio.get_running_loop().create_task(coroutine)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def _is_abort(message: dict[str, Any]) -> bool:
+    return message.get("channel") in (keys.ABORTS_CHANNEL, keys.ABORTS_CHANNEL.encode())

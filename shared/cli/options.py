@@ -133,6 +133,13 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> Flags:
             help="fraction of --max-batch-size batch-lane work may fill (default 0.75)",
         ),
         add(
+            "--batch-hold",
+            dest="batch_hold_s",
+            type=float,
+            metavar="S",
+            help="batch-lane tokens are published merged at most this often (default 1.0)",
+        ),
+        add(
             "--drain-grace",
             dest="drain_grace_s",
             type=float,

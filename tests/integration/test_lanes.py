@@ -8,7 +8,7 @@ import time
 from redis.asyncio import Redis
 
 from shared import jobqueue, keys
-from shared.protocol import ChatMessage, ChatPrompt, GenerationJob, SamplingSpec
+from shared.protocol import ChatMessage, ChatPrompt, Delta, GenerationJob, SamplingSpec
 from shared.streams import EventReader
 from tests.helpers import FAKE_MODEL, chat_body, running_stack
 
@@ -51,3 +51,25 @@ async def test_batch_lane_jobs_fill_only_their_share_and_interactive_requests_st
                 assert events[-1].type == "finished"
         finally:
             await pool.aclose()
+
+
+async def test_a_batch_lane_job_publishes_its_tokens_merged_and_an_interactive_one_per_step(
+    redis_url: str, redis: Redis
+) -> None:
+    async with running_stack(redis_url, max_batch_size=4, fake_step_delay_s=0.01) as client:
+        pool = await jobqueue.open_pool(redis_url)
+        try:
+            job = _batch_job(f"merged-{time.monotonic_ns()}", max_tokens=12)
+            await jobqueue.enqueue(pool, job)
+            reader = EventReader(pool)
+            events = [
+                item.event async for item in reader.read(job.request_id, deadline=time.monotonic() + 60)
+            ]
+            streamed = await client.post("/v1/chat/completions", json=chat_body(max_tokens=12, stream=True))
+        finally:
+            await pool.aclose()
+    deltas = [event for event in events if isinstance(event, Delta)]
+    # 12 steps of 10 ms, well inside the 1 s hold: one merged delta, then the ends.
+    assert [event.type for event in events] == ["accepted", "delta", "choice_finished", "finished"]
+    assert len(deltas[0].token_ids) == 12
+    assert streamed.text.count('"content"') > 6  # interactive: a chunk per step, not merged
