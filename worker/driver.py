@@ -119,27 +119,50 @@ class EngineDriver:
         self._wake.set()
 
     async def serve(self) -> None:
-        """The step loop; runs until cancelled."""
+        """The step loop; runs until cancelled.
+
+        The next step starts as soon as one returns, before that one's updates are
+        routed and published: the event loop's share of a step (detokenizing, stop
+        sequences, the Redis round trip) overlaps the engine's next step instead of
+        adding to every step, so a request arriving waits less for its turn. Routing
+        only posts to the inbox, so the engine is still touched between steps only.
+        """
         loop = asyncio.get_running_loop()
+        running: asyncio.Future[tuple[list[SequenceUpdate], float]] | None = None
         while True:
-            await self._wake.wait()
-            self._apply_inbox()
-            self.metrics.observe_engine(self._engine.stats())
-            if not self._engine.has_unfinished():
-                self._wake.clear()
+            if running is None:
+                await self._wake.wait()
+                running = self._start_step(loop)
                 continue
-            started = time.perf_counter()
             try:
-                updates = await loop.run_in_executor(self._executor, self._engine.step)
+                updates, seconds = await running
             except Exception:
                 logger.exception("engine step failed; failing its requests")
+                running = None
                 await self._fail_all()
                 continue
-            self.metrics.observe_step(time.perf_counter() - started, updates)
+            running = self._start_step(loop)
+            self.metrics.observe_step(seconds, updates)
             finished, events = self._route(updates)
             await self._publish(events)
             for request_id in finished:
                 self._release(request_id)
+
+    def _start_step(
+        self, loop: asyncio.AbstractEventLoop
+    ) -> asyncio.Future[tuple[list[SequenceUpdate], float]] | None:
+        """Apply the inbox and start a step on the engine thread; None (and sleep) when idle."""
+        self._apply_inbox()
+        self.metrics.observe_engine(self._engine.stats())
+        if not self._engine.has_unfinished():
+            self._wake.clear()
+            return None
+        return loop.run_in_executor(self._executor, self._timed_step)
+
+    def _timed_step(self) -> tuple[list[SequenceUpdate], float]:
+        started = time.perf_counter()
+        updates = self._engine.step()
+        return updates, time.perf_counter() - started
 
     def _apply_inbox(self) -> None:
         inbox, self._inbox = self._inbox, []
@@ -166,7 +189,7 @@ class EngineDriver:
             if any(event.type == "choice_finished" for event in produced):
                 del self._choice_of[update.request_id]
                 if not update.is_finished:
-                    self._engine.abort(update.request_id)  # a stop sequence ended it; safe between steps
+                    self._post(update.request_id)  # a stop sequence ended it; the engine drops it next step
             if produced and produced[-1].type == "finished":
                 finished.append(request_id)
         events.extend(self._held.due())
