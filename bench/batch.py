@@ -109,12 +109,10 @@ def ttft_s(http: httpx.Client, model: str) -> float | None:
 
 
 def _summary(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "p50_ms": 1000 * percentile(ordered, 50),
-        "p99_ms": 1000 * percentile(ordered, 99),
-        "n": len(ordered),
-    }
+    p50, p99 = percentile(samples, 50), percentile(samples, 99)
+    if p50 is None or p99 is None:
+        raise ValueError("no TTFT probe of the phase succeeded")
+    return {"p50_ms": 1000 * p50, "p99_ms": 1000 * p99, "n": len(samples)}
 
 
 def _input_file(directory: Path, model: str, lines: int, max_tokens: int) -> Path:
@@ -154,7 +152,9 @@ def run_batch_phase(
     batch = client.batches.create(
         input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
     )
-    started, probes, faults = time.monotonic(), [], []
+    started = time.monotonic()
+    probes: list[float | None] = []
+    faults: list[str] = []
     while batch.status not in ("completed", "failed", "expired", "cancelled"):
         counts = batch.request_counts
         done = (counts.completed + counts.failed) if counts and counts.total else 0

@@ -185,7 +185,7 @@ class StreamClient:
                 if not request_id:
                     request = client.build_request("POST", f"{url}/v1/chat/completions", json=_body())
                 else:
-                    headers = {"Last-Event-ID": last_id} if last_id else {}
+                    headers: dict[str, str] = {"Last-Event-ID": last_id} if last_id else {}
                     request = client.build_request(
                         "GET", f"{url}/v1/requests/{request_id}/stream", headers=headers
                     )
@@ -363,7 +363,7 @@ async def phase_disconnects(cluster: Cluster, count: int, concurrency: int) -> d
     async with Redis.from_url(cluster.redis.url) as redis:
         for _ in range(40):  # a few steps after the last hang-up, nothing may still run
             await asyncio.sleep(0.25)
-            busy = int(await redis.scard(keys.running(MODEL)))  # type: ignore[misc]
+            busy = int(await redis.scard(keys.running(MODEL)))
             if busy == 0:
                 break
     return {
