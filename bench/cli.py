@@ -2,9 +2,13 @@
 
 The in-process references run before any server process exists, and their
 model is released before the servers start, so the two never compete for the
-cores. Ctrl-C (or SIGTERM, mapped onto it) unwinds through the ``finally`` of
-``bench.servers.running_servers``, which stops every process it started; what
-was measured before the interruption is still summarized, and the exit code is 130.
+cores. The exception is the prefill reference (``bench.prefill``): it is measured
+within the served C=1 level, each of its requests run between two served ones
+while the servers are idle, on a model copy loaded just before that level and
+released after it. Ctrl-C (or SIGTERM, mapped onto it) unwinds through the
+``finally`` of ``bench.servers.running_servers``, which stops every process it
+started; what was measured before the interruption is still summarized, and the
+exit code is 130.
 """
 
 from __future__ import annotations
@@ -17,11 +21,11 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import load, references
+from bench import load, prefill, references
 from bench.options import BenchOptions, parse_options
 from bench.prompts import render_prompt_ids, user_prompts
 from bench.report import Results, emit, note, ratios, table
@@ -67,8 +71,8 @@ def worker_argv(options: BenchOptions) -> list[str]:
 
 
 def _prompt_count(options: BenchOptions) -> int:
-    """Prompts the references need: every level's (``first_prompt`` on) and the naive requests'."""
-    ends = [options.first_prompt(c) + max(c, options.requests_at(c)) for c in options.concurrency]
+    """Prompts the references need: every level's first C (``first_prompt`` on) and the naive requests'."""
+    ends = [options.first_prompt(c) + c for c in options.concurrency]
     return max(*ends, options.naive_requests)
 
 
@@ -79,7 +83,7 @@ def _level_prompts(options: BenchOptions, prompts: list[list[int]], concurrency:
 
 
 def run_references(options: BenchOptions, results: Results) -> None:
-    """Naive, prefill, static-batch and engine, then generate_batch, in this process.
+    """Naive, static-batch and engine, then generate_batch, in this process (prefill: ``--skip-server`` only).
 
     Both models are locals, so they are freed when this returns, before any server starts.
     """
@@ -92,7 +96,9 @@ def run_references(options: BenchOptions, results: Results) -> None:
     note(f"naive: {options.naive_requests} requests one at a time")
     naive = references.naive(loaded, prompts[: options.naive_requests], tokens, cap)
     results.naive = emit("reference_naive", naive)
-    _run_prefill(options, served, prompts, results)
+    references.warm_up(served, prompts[0])  # the engine reference's first steps would pay for it
+    if options.skip_server and 1 in options.concurrency:
+        _run_prefill_alone(options, served, results)
     for concurrency in options.concurrency:
         note(f"static batch of {concurrency}")
         measured = references.static_batch(loaded, _level_prompts(options, prompts, concurrency), tokens, cap)
@@ -104,22 +110,12 @@ def run_references(options: BenchOptions, results: Results) -> None:
         _run_continuous_batching(options, loaded, prompts, results)
 
 
-def _run_prefill(
-    options: BenchOptions, served: LoadedModel, prompts: list[list[int]], results: Results
-) -> None:
-    """The in-process prefill the served C=1 TTFT is compared with: the same prompts, in the same order.
-
-    The served level sends prompts ``first_prompt(1)`` on, one per request (``bench.load``).
-    """
-    if 1 not in options.concurrency:
-        references.warm_up(served, prompts[0])  # the engine reference's first steps would pay for it
-        return
-    requests, first = options.requests_at(1), options.first_prompt(1)
-    note(f"in-process prefill: {requests} requests one at a time, as the served C=1 level sends them")
-    warm_up = (render_prompt_ids(served.tokenizer, load.WARM_UP_PROMPT), load.WARM_UP_TOKENS)
-    level = prompts[first : first + requests]
+def _run_prefill_alone(options: BenchOptions, served: LoadedModel, results: Results) -> None:
+    """With ``--skip-server`` there is no served C=1 level to interleave with: the prefill runs alone."""
+    requests = options.requests_at(1)
+    note(f"in-process prefill: {requests} requests one at a time, not paired (--skip-server)")
     cap = options.max_seconds_per_level
-    measured = references.prefill(served, warm_up, level, options.output_tokens, cap)
+    measured = prefill.measure_alone(served, options.first_prompt(1), requests, options.output_tokens, cap)
     results.prefill = emit("reference_prefill", measured)
 
 
@@ -137,32 +133,67 @@ def _run_continuous_batching(
         results.continuous[concurrency] = line
 
 
+async def _run_level(
+    servers: RunningServers,
+    options: BenchOptions,
+    concurrency: int,
+    after_request: Callable[[int], None] | None = None,
+) -> load.LevelRun:
+    requests = options.requests_at(concurrency)
+    note(f"gateway: {requests} requests at concurrency {concurrency}")
+    return await load.run_level(
+        servers.base_url,
+        servers.model,
+        concurrency=concurrency,
+        requests=requests,
+        max_tokens=options.output_tokens,
+        max_seconds=options.max_seconds_per_level,
+        first_prompt=options.first_prompt(concurrency),
+        after_request=after_request,
+    )
+
+
+def _gateway_fields(
+    servers: RunningServers, options: BenchOptions, concurrency: int, run: load.LevelRun
+) -> dict[str, Any]:
+    return {
+        "concurrency": concurrency,
+        "output_tokens_per_request": options.output_tokens,
+        "partial": run.deadline_hit,
+        "max_seconds_per_level": options.max_seconds_per_level,
+        **summarize_level(run.records, run.wall_s, options.output_tokens),
+        "model": servers.model,
+        "worker_args": list(servers.worker_argv),
+    }
+
+
+async def _run_single_stream_paired(servers: RunningServers, options: BenchOptions, results: Results) -> None:
+    """The C=1 level with the in-process prefill of each prompt run right after its served request.
+
+    The model copy is loaded here, while no request is in flight, and freed when this returns.
+    Loading blocks the event loop, which has nothing else to run between two levels.
+    """
+    note("loading the model as the worker sets it up, for the prefill reference interleaved with C=1")
+    served = references.load_engine_model()
+    cap = options.max_seconds_per_level
+    requests, first = options.requests_at(1), options.first_prompt(1)
+    reference = prefill.PrefillReference(served, first, requests, options.output_tokens, cap)
+    note("in-process prefill of each C=1 prompt, run after its served request has ended")
+    run = await _run_level(servers, options, 1, after_request=reference.measure)
+    results.gateway[1] = emit("gateway", _gateway_fields(servers, options, 1, run))
+    results.prefill = emit("reference_prefill", prefill.paired_fields(reference, run.records))
+
+
 async def _sweep(servers: RunningServers, options: BenchOptions, results: Results) -> None:
     warm = await load.warm_up(servers.base_url, servers.model, _WARM_UP_TIMEOUT_S)
     if warm.error:
         note(f"warm-up request failed: {warm.error}")
     for concurrency in options.concurrency:
-        requests = options.requests_at(concurrency)
-        note(f"gateway: {requests} requests at concurrency {concurrency}")
-        run = await load.run_level(
-            servers.base_url,
-            servers.model,
-            concurrency=concurrency,
-            requests=requests,
-            max_tokens=options.output_tokens,
-            max_seconds=options.max_seconds_per_level,
-            first_prompt=options.first_prompt(concurrency),
-        )
-        fields = {
-            "concurrency": concurrency,
-            "output_tokens_per_request": options.output_tokens,
-            "partial": run.deadline_hit,
-            "max_seconds_per_level": options.max_seconds_per_level,
-            **summarize_level(run.records, run.wall_s, options.output_tokens),
-            "model": servers.model,
-            "worker_args": list(servers.worker_argv),
-        }
-        results.gateway[concurrency] = emit("gateway", fields)
+        if concurrency == 1 and not options.skip_references:
+            await _run_single_stream_paired(servers, options, results)
+            continue
+        run = await _run_level(servers, options, concurrency)
+        results.gateway[concurrency] = emit("gateway", _gateway_fields(servers, options, concurrency, run))
 
 
 def run_sweep(options: BenchOptions, results: Results) -> None:

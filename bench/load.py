@@ -11,6 +11,15 @@ their previous one ends, until ``requests`` have been sent (one wave when
 not yet sent are dropped and those in flight are cancelled (the gateway then
 aborts their jobs) and marked ``truncated``; their tokens so far still count.
 
+At C=1 a level can take an ``after_request`` hook (``bench.prefill`` measures the
+in-process prefill of the same prompt there): it is called with the index of each
+request that ended, before the next is sent, on the event loop's thread on purpose,
+so that nothing of the level runs while it does. The level's clock stops meanwhile:
+the hook's time pushes the deadline back and is left out of ``wall_s``. Those requests
+also open a fresh connection each (no keep-alive): the hook takes about as long as the
+keep-alive expiry of httpx and uvicorn (5 s), so a reused connection would be open
+for some requests and not for others, or be closed under one as it is sent.
+
 Intentional divergence: the client runs on the same 2 cores as the worker and
 gateway, so at C=64 its parsing competes with them; the numbers describe the
 whole box, as a user of a single-machine deployment would see them.
@@ -22,6 +31,7 @@ import asyncio
 import itertools
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +41,7 @@ from bench.prompts import chat_messages, user_prompt
 from bench.stats import RequestRecord
 
 SETTLE_AFTER_TRUNCATION_S = 3.0  # lets the worker drop aborted sequences before the next level
-# The unmeasured warm-up request; the in-process prefill reference replays it (``bench.references.prefill``).
+# The unmeasured warm-up request; the in-process prefill reference replays it (``bench.prefill``).
 WARM_UP_PROMPT = "Say hello."
 WARM_UP_TOKENS = 8
 
@@ -41,6 +51,25 @@ class LevelRun:
     records: list[RequestRecord]
     wall_s: float
     deadline_hit: bool
+
+
+@dataclass
+class _PausedHook:
+    """Runs the after-request hook with the level's clock stopped."""
+
+    hook: Callable[[int], None]
+    deadline: asyncio.Timeout
+    paused_s: float = 0.0
+
+    def run(self, index: int) -> None:
+        started = time.perf_counter()
+        self.hook(index)  # blocks the loop on purpose: no request of the level may run meanwhile
+        paused = time.perf_counter() - started
+        self.paused_s += paused
+        # Rescheduled before the loop runs again, so the old deadline cannot fire in between.
+        when = self.deadline.when()
+        if when is not None:
+            self.deadline.reschedule(when + paused)
 
 
 def _request_body(model: str, prompt: str, max_tokens: int) -> dict[str, Any]:
@@ -102,12 +131,15 @@ async def _client_task(
     requests: int,
     max_tokens: int,
     first_prompt: int,
+    after_request: _PausedHook | None,
 ) -> None:
     while (index := next(indices)) < requests:
         record = RequestRecord(index=index, started_at=time.perf_counter())
         records.append(record)
         prompt = user_prompt(first_prompt + index)
         await stream_chat(client, record, _request_body(model, prompt, max_tokens))
+        if after_request is not None:
+            after_request.run(index)
 
 
 async def run_level(
@@ -119,17 +151,25 @@ async def run_level(
     max_tokens: int,
     max_seconds: float,
     first_prompt: int = 0,
+    after_request: Callable[[int], None] | None = None,
 ) -> LevelRun:
-    """Run one sweep level and return every request's record."""
+    """Run one sweep level and return every request's record.
+
+    ``after_request`` (C=1 only) is called with each ended request's index, with the level's clock stopped.
+    """
+    if after_request is not None and concurrency != 1:
+        raise ValueError("after_request blocks the event loop: only a C=1 level can take it")
     records: list[RequestRecord] = []
     indices = itertools.count()
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    keep_alive = 0 if after_request else concurrency
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=keep_alive)
     timeout = httpx.Timeout(max_seconds + 60.0, connect=30.0)
     deadline_hit = False
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits) as client:
         started = time.perf_counter()
         try:
-            async with asyncio.timeout(max_seconds), asyncio.TaskGroup() as group:
+            async with asyncio.timeout(max_seconds) as deadline, asyncio.TaskGroup() as group:
+                hook = _PausedHook(after_request, deadline) if after_request else None
                 for _ in range(concurrency):
                     group.create_task(
                         _client_task(
@@ -140,11 +180,12 @@ async def run_level(
                             requests=requests,
                             max_tokens=max_tokens,
                             first_prompt=first_prompt,
+                            after_request=hook,
                         )
                     )
         except TimeoutError:
             deadline_hit = True
-        wall_s = time.perf_counter() - started
+        wall_s = time.perf_counter() - started - (hook.paused_s if hook else 0.0)
     if deadline_hit:
         await asyncio.sleep(SETTLE_AFTER_TRUNCATION_S)
     return LevelRun(records=records, wall_s=wall_s, deadline_hit=deadline_hit)

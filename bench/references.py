@@ -11,24 +11,24 @@ plain transformers layers:
 - ``continuous_batching``: transformers' own ``model.generate_batch`` (paged KV
   cache, its own scheduler) on the same C prompts; a failure is reported, not raised.
 
-Two more run what the worker runs, on a second copy of the model set up as the
+One more runs what the worker runs, on a second copy of the model set up as the
 worker sets it up (``load_engine_model``: Linear layers packed for oneDNN when the
-worker would pack them) and the engine as the worker builds it (prefix cache on):
+worker would pack them) and the engine as the worker builds it (``worker_engine``,
+prefix cache on):
 
 - ``engine``: tokenferry's own batched engine (``worker.engine.hf``) stepped in
   this process on the same C prompts: its efficiency against the static batch,
   apart from what HTTP, Redis and a shared machine cost the served numbers.
-- ``prefill``: the time from ``add`` to the step that returns the first token, one
-  request at a time after the server's warm-up request: what the served C=1
-  TTFT would be with no HTTP, Redis, queue or streaming in between.
+
+The in-process prefill reference, which the served C=1 TTFT is compared with, runs on
+such a copy too, but is measured between the served C=1 requests: ``bench.prefill``.
 
 All decode greedily and exactly ``output_tokens`` tokens: ``min_new_tokens``
 suppresses EOS for ``generate``, ``generate_batch`` gets ``eos_token_id=None``,
 which its manager turns into -1 (no EOS), and engine requests get no EOS ids.
 Prompts are padded by hand (left, with the pad token or else EOS) rather than by
 mutating the tokenizer's ``padding_side``. ``max_time`` (transformers' ``MaxTimeCriteria``) caps each static
-batch, and the naive requests together, at ``--max-seconds-per-level``; the prefill
-requests stop being sent at the same cap. ``generate_batch`` has no such
+batch, and the naive requests together, at ``--max-seconds-per-level``. ``generate_batch`` has no such
 cap, so a size whose static batch was already capped is skipped.
 """
 
@@ -38,8 +38,6 @@ import logging
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
-
-from bench.stats import percentile
 
 if TYPE_CHECKING:
     import torch
@@ -56,8 +54,8 @@ def load_reference_model() -> LoadedModel:
     from shared.settings import WorkerSettings
     from worker.model_loading import load_model
 
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # transformers leaves it untyped
+    hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
     # generate_batch warns that eos_token_id=None means "no EOS", which is what we ask for.
     logging.getLogger("ContinuousBatchingLogger").setLevel(logging.ERROR)
     return load_model(WorkerSettings())
@@ -95,7 +93,7 @@ def _generate(loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int
     import torch
     from transformers import GenerationConfig
 
-    config = GenerationConfig(
+    config = GenerationConfig(  # type: ignore[no-untyped-call]  # transformers leaves it untyped
         do_sample=False,
         max_new_tokens=new_tokens,
         min_new_tokens=new_tokens,
@@ -105,7 +103,7 @@ def _generate(loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int
     )
     input_ids, attention_mask = _left_padded(prompts, _pad_id(loaded))
     with torch.inference_mode():
-        output = loaded.model.generate(
+        output = loaded.model.generate(  # type: ignore[operator]  # nn.Module's __getattr__ hides it
             input_ids=input_ids.to(loaded.device),
             attention_mask=attention_mask.to(loaded.device),
             generation_config=config,
@@ -155,12 +153,14 @@ def continuous_batching(loaded: LoadedModel, prompts: Sequence[list[int]], new_t
     """``model.generate_batch`` on all prompts; any failure becomes the ``error`` field."""
     from transformers import GenerationConfig
 
-    config = GenerationConfig(
+    config = GenerationConfig(  # type: ignore[no-untyped-call]
         do_sample=False, max_new_tokens=new_tokens, eos_token_id=None, pad_token_id=_pad_id(loaded)
     )
     started = time.perf_counter()
     try:
-        results = loaded.model.generate_batch(inputs=[list(ids) for ids in prompts], generation_config=config)
+        results = loaded.model.generate_batch(  # type: ignore[operator]
+            inputs=[list(ids) for ids in prompts], generation_config=config
+        )
     except Exception as error:  # report any backend failure (CPU support varies by version)
         return {"batch_size": len(prompts), "error": f"{type(error).__name__}: {error}"}
     wall = time.perf_counter() - started
@@ -179,7 +179,7 @@ def continuous_batching(loaded: LoadedModel, prompts: Sequence[list[int]], new_t
     }
 
 
-def _worker_engine(loaded: LoadedModel, max_batch_size: int | None = None) -> TransformersEngine:
+def worker_engine(loaded: LoadedModel, max_batch_size: int | None = None) -> TransformersEngine:
     """The batched engine with the worker's limits and prefix cache, as ``worker.main._build_engine``."""
     from shared.settings import WorkerSettings
     from worker.engine.hf import TransformersEngine
@@ -192,7 +192,7 @@ def _worker_engine(loaded: LoadedModel, max_batch_size: int | None = None) -> Tr
     return TransformersEngine(loaded.model, limits, settings.prefix_cache_tokens)
 
 
-def _request(request_id: str, prompt: Sequence[int], new_tokens: int) -> EngineRequest:
+def engine_request(request_id: str, prompt: Sequence[int], new_tokens: int) -> EngineRequest:
     """A greedy request; no EOS ids force the full length (the server's ``ignore_eos``)."""
     from worker.engine import EngineRequest, SamplingParams
 
@@ -205,65 +205,14 @@ def engine(loaded: LoadedModel, prompts: Sequence[list[int]], new_tokens: int) -
     On the worker-configured model (``load_engine_model``) with the worker's prefix cache, so
     the number is what the worker runs.
     """
-    batched = _worker_engine(loaded, max_batch_size=len(prompts))
+    batched = worker_engine(loaded, max_batch_size=len(prompts))
     for index, prompt in enumerate(prompts):
-        batched.add(_request(f"r{index}", prompt, new_tokens))
+        batched.add(engine_request(f"r{index}", prompt, new_tokens))
     started = time.perf_counter()
     tokens = 0
     while batched.has_unfinished():
         tokens += sum(len(update.new_token_ids) for update in batched.step())
     return _rate(len(prompts), tokens, started)
-
-
-def _first_token_s(batched: TransformersEngine, request: EngineRequest) -> float | None:
-    """Seconds from ``add`` to the ``step`` returning the request's first token; it then runs to its end."""
-    started = time.perf_counter()
-    batched.add(request)
-    first: float | None = None
-    while batched.has_unfinished():
-        updates = batched.step()
-        if first is None and any(update.new_token_ids for update in updates):
-            first = time.perf_counter() - started
-    return first
-
-
-def prefill(
-    loaded: LoadedModel,
-    warm_up_prompt: tuple[list[int], int],
-    prompts: Sequence[list[int]],
-    new_tokens: int,
-    max_time: float,
-) -> dict[str, Any]:
-    """In-process time to first token, one request at a time, each run to its end, as the served C=1 level.
-
-    ``warm_up_prompt`` (ids, tokens) is the server's warm-up request, run first and untimed: it warms
-    the model and leaves the chat template's shared prefix in the prefix cache, as in the server.
-    Later prompts also find the earlier ones cached, as they do in the server.
-    """
-    batched = _worker_engine(loaded)
-    _first_token_s(batched, _request("warm-up", *warm_up_prompt))
-    deadline = time.perf_counter() + max_time
-    measured_ms: list[float] = []
-    prompt_tokens: list[int] = []
-    for index, prompt in enumerate(prompts):
-        if time.perf_counter() >= deadline:
-            break
-        seconds = _first_token_s(batched, _request(f"p{index}", prompt, new_tokens))
-        if seconds is not None:  # always set: every request asks for at least one token
-            measured_ms.append(seconds * 1000.0)
-            prompt_tokens.append(len(prompt))
-    return {
-        "requests": len(measured_ms),
-        "prefill_ms_p50": _round(percentile(measured_ms, 50)),
-        "prefill_ms_min": _round(min(measured_ms, default=None)),
-        "prefill_ms_max": _round(max(measured_ms, default=None)),
-        "prompt_tokens_mean": round(sum(prompt_tokens) / len(prompt_tokens), 1) if prompt_tokens else None,
-        "partial": len(measured_ms) < len(prompts),
-    }
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 2)
 
 
 def _rate(batch_size: int, tokens: int, started: float) -> dict[str, Any]:

@@ -16,9 +16,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from bench.stats import percentile
+
 # 2: reference_engine runs the worker-configured (oneDNN-packed) model; C=1 sends 8 requests;
 # reference_prefill, ratio.vs_generate_batch and ratio.ttft_minus_prefill_ms are new.
-SCHEMA = 2
+# 3: C=1 sends 16 requests; reference_prefill is measured interleaved with them (each prompt in
+# process right after its served request), not in the references phase, and has `paired` and
+# `pairs`; its cap counts only its own time; ratio.ttft_minus_prefill_ms_paired_p50 is new; the
+# C=1 gateway line's wall_s leaves out the reference's time, and its requests open a connection each.
+SCHEMA = 3
 
 
 @dataclass
@@ -61,9 +67,17 @@ def _difference(minuend: float | None, subtrahend: float | None) -> float | None
     return round(minuend - subtrahend, 2)
 
 
+def _paired_difference_p50(prefill: Mapping[str, Any] | None) -> float | None:
+    """The median over requests of (served TTFT - in-process prefill), when they were measured in pairs."""
+    pairs = prefill.get("pairs", []) if prefill else []
+    median = percentile([pair["ttft_ms"] - pair["prefill_ms"] for pair in pairs], 50)
+    return None if median is None else round(median, 2)
+
+
 def ratios(results: Results) -> list[dict[str, Any]]:
     """Gateway tokens/s over the naive server, the static batch and ``generate_batch`` at the same C;
-    at C=1 also the served TTFT p50 minus the in-process prefill p50."""
+    at C=1 also the served TTFT p50 minus the in-process prefill p50, and the median of their
+    per-request differences."""
     naive_rate = results.naive["output_tokens_per_s"] if results.naive else None
     prefill_p50 = results.prefill.get("prefill_ms_p50") if results.prefill else None
     lines = []
@@ -80,6 +94,7 @@ def ratios(results: Results) -> list[dict[str, Any]]:
         }
         if concurrency == 1:
             line["ttft_minus_prefill_ms"] = _difference(gateway.get("ttft_ms_p50"), prefill_p50)
+            line["ttft_minus_prefill_ms_paired_p50"] = _paired_difference_p50(results.prefill)
         lines.append(line)
     return lines
 
@@ -122,8 +137,13 @@ def _ttft_line(results: Results) -> list[str]:
     prefill = results.prefill.get("prefill_ms_p50") if results.prefill else None
     if ttft is None or prefill is None:
         return []
-    difference = f"{ttft - prefill:+.1f} ms"
-    return [f"C=1 TTFT p50 {ttft:.1f} ms vs in-process prefill p50 {prefill:.1f} ms: {difference}"]
+    how = " (measured interleaved)" if results.prefill and results.prefill.get("paired") else ""
+    line = f"C=1 TTFT p50 {ttft:.1f} ms vs in-process prefill p50 {prefill:.1f} ms{how}: "
+    line += f"{ttft - prefill:+.1f} ms"
+    paired = _paired_difference_p50(results.prefill)
+    if paired is not None:
+        line += f" (median of per-request differences {paired:+.1f} ms)"
+    return [line]
 
 
 def _reference_table(results: Results) -> list[str]:
@@ -154,9 +174,10 @@ def table(results: Results, output_tokens: int) -> str:
         )
     if results.prefill:
         prefill = results.prefill
+        when = ", each after its served C=1 request" if prefill.get("paired") else ""
         parts.append(
-            f"in-process prefill (worker's engine, add to first token, {prefill['requests']} requests): "
-            f"p50 {prefill['prefill_ms_p50']} ms, {prefill['prompt_tokens_mean']} prompt tokens on average"
+            f"in-process prefill (worker's engine, add to first token, {prefill['requests']} requests{when}):"
+            f" p50 {prefill['prefill_ms_p50']} ms, {prefill['prompt_tokens_mean']} prompt tokens on average"
         )
     if results.static or results.continuous:
         parts += ["", "in-process references (same C prompts arriving together):", *_reference_table(results)]
