@@ -41,10 +41,9 @@ from gateway.batch_schema import Batch, BatchError, BatchErrors
 from gateway.batch_store import BatchStore
 from gateway.files import FileStore
 from shared import jobqueue, keys, registry
-from shared.codec import decode_event
 from shared.ownership import ResourceKind, owner_of
-from shared.protocol import TERMINAL_EVENT_TYPES, GenerationJob
-from shared.streams import EventReader
+from shared.protocol import GenerationJob
+from shared.streams import EventReader, ended_requests
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +69,7 @@ class BatchRun:
         self._batch = batch
         self._lines = lines
         self._running: dict[int, str] = {}
+        self._job_ids: dict[tuple[int, str], list[str]] = {}  # (line, request id) -> its jobs' ids
         self._reader = EventReader(context.pool)
 
     async def run(self) -> None:
@@ -98,6 +98,13 @@ class BatchRun:
     def _is_done(self, cursor: int) -> bool:
         return cursor >= len(self._lines) and not self._running
 
+    def _ids_of(self, line: int, request_id: str) -> list[str]:
+        """The request ids of a running line's jobs, translated once: every tick asks for them."""
+        key = (line, request_id)
+        if key not in self._job_ids:
+            self._job_ids[key] = [job.request_id for job in self._jobs(line, request_id)]
+        return self._job_ids[key]
+
     def _jobs(self, line: int, request_id: str) -> list[GenerationJob]:
         jobs = batch_lines.line_jobs(self._lines[line], request_id, float(self._batch.created_at))
         deadline = float(self._batch.expires_at or 0) or None
@@ -115,7 +122,12 @@ class BatchRun:
             return
         await self._store.start_lines(self._batch.id, started)
         self._running.update(started)
-        jobs = [job for line, request_id in started.items() for job in self._jobs(line, request_id)]
+        jobs: list[GenerationJob] = []
+        for line, request_id in started.items():
+            line_jobs = self._jobs(line, request_id)
+            self._job_ids[(line, request_id)] = [job.request_id for job in line_jobs]
+            jobs += line_jobs
+            await asyncio.sleep(0)  # a line at a time: interactive requests share this event loop
         await jobqueue.enqueue_many(self._context.pool, jobs, keys.Lane.BATCH)
 
     async def _resume_unstarted(self) -> None:
@@ -130,18 +142,13 @@ class BatchRun:
         if not self._running:
             return
         lines = list(self._running.items())
-        job_ids = [[job.request_id for job in self._jobs(line, rid)] for line, rid in lines]
-        async with self._context.pool.pipeline(transaction=False) as pipe:
-            for ids in job_ids:
-                for job_id in ids:
-                    pipe.xrevrange(keys.events(job_id), count=1)
-            last = await pipe.execute()
-        ended: list[tuple[int, str, list[str]]] = []
-        position = 0
-        for (line, request_id), ids in zip(lines, job_ids, strict=True):
-            if all(_is_terminal(entries) for entries in last[position : position + len(ids)]):
-                ended.append((line, request_id, ids))
-            position += len(ids)
+        job_ids = [self._ids_of(line, rid) for line, rid in lines]
+        over = await ended_requests(self._context.pool, [job_id for ids in job_ids for job_id in ids])
+        ended = [
+            (line, request_id, ids)
+            for (line, request_id), ids in zip(lines, job_ids, strict=True)
+            if all(job_id in over for job_id in ids)
+        ]
         if ended:
             await self._finish(ended)
 
@@ -155,9 +162,11 @@ class BatchRun:
                 self._lines[line], _line_id(request_id), request_id, time.time(), results
             )
             finished.append((line, output.model_dump_json(), failed))
+            await asyncio.sleep(0)  # a line at a time: interactive requests share this event loop
         await self._store.finish_lines(self._batch.id, finished)
-        for line, _, _ in ended:
+        for line, request_id, _ in ended:
             self._running.pop(line, None)
+            self._job_ids.pop((line, request_id), None)
 
     async def _stop(self, status: str, allowed: tuple[str, ...]) -> None:
         """End early (cancelled or expired): abort what runs, write what finished, then the files."""
@@ -239,10 +248,6 @@ async def _require_known_model(pool: ArqRedis, model: str) -> None:
         raise InvalidBatchFile(
             [BatchError(code="model_not_found", message=message, param="body.model", line=1)]
         )
-
-
-def _is_terminal(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> bool:
-    return bool(entries) and decode_event(entries[0][1]).type in TERMINAL_EVENT_TYPES
 
 
 def _line_id(request_id: str) -> str:

@@ -124,18 +124,19 @@ class _QueuedJob:
         job_id = keys.attempt_job_id(job.request_id, job.attempt)
         return cls(GENERATE_FUNCTION, encode_job(job), job_id, job.model, keys.Lane(job.lane))
 
-    def eval_args(self, pool: ArqRedis, *, wake: bool) -> list[Any]:
+    def script_call(self, pool: ArqRedis, *, wake: bool) -> tuple[list[str], list[Any]]:
+        """The enqueue script's keys and arguments for this job."""
         now_ms = int(time.time() * 1000)
         payload = serialize_job(
             self.function, (self.argument,), {}, None, now_ms, serializer=pool.job_serializer
         )
-        return [
-            _ENQUEUE,
-            4,
+        script_keys = [
             job_key_prefix + self.job_id,
             result_key_prefix + self.job_id,
             keys.queue(self.model, self.lane),
             keys.running(self.model),
+        ]
+        args = [
             payload,
             str(pool.expires_extra_ms),
             str(now_ms),
@@ -143,6 +144,7 @@ class _QueuedJob:
             keys.wake(self.model) if wake else "",
             self.lane.value,
         ]
+        return script_keys, args
 
     def place_in_line(self, reply: list[int]) -> int:
         """How many jobs wait ahead, from the script's reply (claimed jobs are not waiting)."""
@@ -174,9 +176,11 @@ async def enqueue_many(pool: ArqRedis, jobs: Sequence[GenerationJob], lane: keys
     queued = [_QueuedJob.of(job, lane) for job in jobs]
     if not queued:
         return
+    script = pool.register_script(_ENQUEUE)  # EVALSHA: the script's text is not sent per job
     async with pool.pipeline(transaction=False) as pipe:
         for item in queued:
-            pipe.eval(*item.eval_args(pool, wake=False))
+            script_keys, args = item.script_call(pool, wake=False)
+            await script(script_keys, args, client=pipe)
         for model in dict.fromkeys(item.model for item in queued):
             pipe.publish(keys.wake(model), lane.value)
         replies = await pipe.execute()
@@ -185,7 +189,8 @@ async def enqueue_many(pool: ArqRedis, jobs: Sequence[GenerationJob], lane: keys
 
 
 async def _enqueue(pool: ArqRedis, item: _QueuedJob) -> int:
-    reply = await pool.eval(*item.eval_args(pool, wake=True))  # type: ignore[misc]
+    script_keys, args = item.script_call(pool, wake=True)
+    reply = await pool.register_script(_ENQUEUE)(script_keys, args)
     return item.place_in_line(reply)
 
 

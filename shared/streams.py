@@ -12,6 +12,7 @@ that stores each event only while the publishing worker still owns the job
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,41 @@ for i = 1, #KEYS / 2 do
 end
 return lost
 """
+
+
+# The 1-based positions of the streams in KEYS whose last event is terminal: which of many
+# requests have ended, in one command. A stored event is pydantic's compact JSON of it
+# (``shared.codec.encode_event``), so its type reads ``"type":"<type>"`` (ARGV); inside a
+# string value those quotes would be escaped, so text cannot fake it.
+_ENDED = """
+local ended = {}
+for i, stream in ipairs(KEYS) do
+  local last = redis.call('XREVRANGE', stream, '+', '-', 'COUNT', 1)[1]
+  if last then
+    local event = last[2][2]
+    for _, marker in ipairs(ARGV) do
+      if string.find(event, marker, 1, true) then
+        ended[#ended + 1] = i
+        break
+      end
+    end
+  end
+end
+return ended
+"""
+_TERMINAL_MARKERS = sorted(
+    json.dumps({"type": kind}, separators=(",", ":"))[1:-1] for kind in TERMINAL_EVENT_TYPES
+)
+
+
+async def ended_requests(redis: Redis, request_ids: Sequence[str]) -> set[str]:
+    """Those of ``request_ids`` whose event stream ends with a terminal event (one round trip)."""
+    if not request_ids:
+        return set()
+    positions = await redis.eval(  # type: ignore[misc]
+        _ENDED, len(request_ids), *[keys.events(request_id) for request_id in request_ids], *_TERMINAL_MARKERS
+    )
+    return {request_ids[int(position) - 1] for position in positions}
 
 
 class EventWriter:

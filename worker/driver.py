@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -70,6 +71,8 @@ class EngineDriver:
         self._choice_of: dict[str, tuple[str, int]] = {}  # engine id -> (request id, choice index)
         self._inbox: list[EngineRequest | str] = []  # a request to add, or an id to abort
         self._held = HeldEvents(batch_hold_s)  # batch-lane events, published merged
+        self._starting: set[str] = set()  # interactive requests without their first token yet
+        self._on_started: list[Callable[[], None]] = []
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
@@ -80,8 +83,25 @@ class EngineDriver:
     def active_in_lane(self, lane: str) -> int:
         return sum(1 for active in self._active.values() if active.job.lane == lane)
 
+    @property
+    def interactive_starting(self) -> int:
+        """Interactive requests on their way to their first token (claimed, admitted, prefilling)."""
+        return len(self._starting)
+
+    def when_interactive_started(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` each time the last starting interactive request has its first token."""
+        self._on_started.append(callback)
+
     async def run(self, job: GenerationJob) -> None:
         """Start (or resume) ``job``, stream its events, return when its terminal event is stored."""
+        if job.lane != Lane.BATCH.value:
+            self._starting.add(job.request_id)
+        try:
+            await self._run(job)
+        finally:
+            self._started(job.request_id)
+
+    async def _run(self, job: GenerationJob) -> None:
         started = await self.lifecycle.start(job)
         if started is None:
             return
@@ -143,10 +163,11 @@ class EngineDriver:
                 continue
             running = self._start_step(loop)
             self.metrics.observe_step(seconds, updates)
-            finished, events = self._route(updates)
-            await self._publish(events)
-            for request_id in finished:
-                self._release(request_id)
+            for lane_updates in self._interactive_first(updates):
+                finished, events = self._route(lane_updates)
+                await self._publish(events)
+                for request_id in finished:
+                    self._release(request_id)
 
     def _start_step(
         self, loop: asyncio.AbstractEventLoop
@@ -163,6 +184,26 @@ class EngineDriver:
         started = time.perf_counter()
         updates = self._engine.step()
         return updates, time.perf_counter() - started
+
+    def _started(self, request_id: str) -> None:
+        if request_id in self._starting:
+            self._starting.discard(request_id)
+            if not self._starting:
+                for callback in self._on_started:
+                    callback()
+
+    def _interactive_first(self, updates: list[SequenceUpdate]) -> list[list[SequenceUpdate]]:
+        """The step's updates in two parts, interactive requests' first: their tokens are published
+        before the batch lane's routing (dozens of sequences nobody waits on) takes the event loop.
+        That is a round trip per lane with events, not one per step: still never one per event."""
+        interactive: list[SequenceUpdate] = []
+        batch: list[SequenceUpdate] = []
+        for update in updates:
+            request_id, _ = self._choice_of.get(update.request_id, ("", 0))
+            active = self._active.get(request_id)
+            is_batch = active is not None and active.job.lane == Lane.BATCH.value
+            (batch if is_batch else interactive).append(update)
+        return [part for part in (interactive, batch) if part]
 
     def _apply_inbox(self) -> None:
         inbox, self._inbox = self._inbox, []
@@ -182,6 +223,8 @@ class EngineDriver:
                 continue  # aborted while the step ran
             with request_context(request_id):
                 produced = active.choices.consume(index, update)
+            if produced:
+                self._started(request_id)
             if active.job.lane == Lane.BATCH.value:
                 events.extend((request_id, event) for event in self._held.take(request_id, produced))
             else:

@@ -219,6 +219,11 @@ def _batch_lane_worker(ctx: WorkerContext, settings: WorkerSettings, driver: Eng
     batch_slots = max(1, int(settings.max_batch_size * settings.batch_share))
 
     def room() -> int:
+        if driver.interactive_starting:
+            # Interactive first: starting a batch job costs this process round trips and
+            # admission work that an interactive request on its way to its first token
+            # would wait behind; the lane is nudged once that token is out.
+            return 0
         spare = settings.max_batch_size - driver.active_count
         return min(spare, batch_slots - driver.active_in_lane(keys.Lane.BATCH.value))
 
@@ -234,6 +239,7 @@ def _batch_lane_worker(ctx: WorkerContext, settings: WorkerSettings, driver: Eng
         **_queue_options(settings),
     )
     worker.ctx["is_aborted"] = lambda job_id: job_id in worker.aborting_tasks
+    driver.when_interactive_started(worker.nudge)
     ctx_main = ctx.get("queue_worker")
     if isinstance(ctx_main, QueueWorker):
         ctx_main.add_companion(worker)

@@ -213,6 +213,10 @@ class QueueWorker(Worker):
         self.companions.append(companion)
         companion._leaders.append(self)
 
+    def nudge(self) -> None:
+        """Poll now (something this lane's ``room`` depends on changed)."""
+        self._woken.set()
+
     def _slot_freed(self) -> None:
         """A job here finished: poll now, here and in every lane gated by the engine's room.
 

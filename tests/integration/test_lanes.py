@@ -73,3 +73,35 @@ async def test_a_batch_lane_job_publishes_its_tokens_merged_and_an_interactive_o
     assert [event.type for event in events] == ["accepted", "delta", "choice_finished", "finished"]
     assert len(deltas[0].token_ids) == 12
     assert streamed.text.count('"content"') > 6  # interactive: a chunk per step, not merged
+
+
+async def test_no_batch_job_starts_while_an_interactive_request_waits_for_its_first_token(
+    redis_url: str, redis: Redis
+) -> None:
+    async with running_stack(redis_url, max_batch_size=4, fake_step_delay_s=0.6) as client:
+        pool = await jobqueue.open_pool(redis_url)
+        try:
+            interactive = asyncio.create_task(
+                client.post("/v1/chat/completions", json=chat_body(max_tokens=2))
+            )
+            await _until_claimed(redis, 1)  # its first step (0.6 s) is now under way
+            job = _batch_job(f"waits-{time.monotonic_ns()}", max_tokens=2)
+            await jobqueue.enqueue(pool, job)
+            await asyncio.sleep(0.3)
+            assert not await redis.exists(keys.run(job.request_id))  # not started: there was room
+            assert (await interactive).status_code == 200
+            reader = EventReader(pool)
+            events = [
+                item.event async for item in reader.read(job.request_id, deadline=time.monotonic() + 30)
+            ]
+            assert events[-1].type == "finished"  # started once the interactive token was out
+        finally:
+            await pool.aclose()
+
+
+async def _until_claimed(redis: Redis, count: int) -> None:
+    async with asyncio.timeout(10):
+        while True:
+            if int(await redis.scard(keys.running(FAKE_MODEL))) >= count:  # type: ignore[misc]
+                return
+            await asyncio.sleep(0.01)
