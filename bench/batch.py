@@ -226,7 +226,9 @@ def phase_numbers(
     batch = result["batch"]
     lost, duplicated = lost_and_duplicated(client, batch, options.lines)
     busy = _summary([s for s in result["probes"] if s is not None])
-    run_s = (batch.completed_at or time.time()) - (batch.in_progress_at or batch.created_at)
+    # The bench's own clock, from creating the batch to seeing it completed: OpenAI's
+    # timestamps are whole seconds, too coarse for a batch of a few seconds.
+    run_s = result["elapsed_s"]
     return {
         "phase": phase,
         "status": batch.status,
