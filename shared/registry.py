@@ -69,19 +69,29 @@ async def deregister(redis: Redis, worker_id: str) -> None:
         await pipe.execute()
 
 
+# The index's members, each followed by its record ('' once expired): one round trip, as
+# every request asks it. ARGV[1] is the records' key prefix.
+_INDEXED_RECORDS = """
+local records = {}
+for _, worker_id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+    records[#records + 1] = worker_id
+    records[#records + 1] = redis.call('GET', ARGV[1] .. worker_id) or ''
+end
+return records
+"""
+
+
 async def live_workers(redis: Redis) -> list[WorkerInfo]:
     """Workers whose heartbeat has not expired, pruning the index of those that have."""
-    members: set[bytes] = await redis.smembers(keys.workers_index())  # type: ignore[misc]
-    worker_ids = [_text(member) for member in members]
-    if not worker_ids:
-        return []
-    records = await redis.mget([keys.worker(worker_id) for worker_id in worker_ids])
+    reply: list[bytes] = await redis.eval(  # type: ignore[misc]
+        _INDEXED_RECORDS, 1, keys.workers_index(), keys.worker("")
+    )
     live: list[WorkerInfo] = []
     stale: list[str] = []
-    for worker_id, record in zip(worker_ids, records, strict=True):
-        info = _parse(record)
+    for worker_id, record in zip(reply[::2], reply[1::2], strict=True):
+        info = _parse(record or None)
         if info is None:
-            stale.append(worker_id)
+            stale.append(_text(worker_id))
         else:
             live.append(info)
     if stale:
