@@ -5,13 +5,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
+from redis.asyncio import Redis
 
 from gateway.app import create_app
+from shared import keys
+from shared.protocol import TokenEvent
 from shared.settings import GatewaySettings, WorkerSettings
+from shared.streams import EventReader
 from worker.main import build_worker
 
 FAKE_MODEL = "fake-model"
@@ -76,3 +81,18 @@ def parse_sse(body: str) -> list[Any]:
 
 def chat_body(content: str = "Hi", **extra: Any) -> dict[str, Any]:
     return {"model": FAKE_MODEL, "messages": [{"role": "user", "content": content}], **extra}
+
+
+async def until_running(redis: Redis, count: int, model: str = FAKE_MODEL) -> None:
+    """Wait until workers have claimed ``count`` jobs of ``model`` (its running set)."""
+    async with asyncio.timeout(10):
+        while True:
+            if int(await redis.scard(keys.running(model))) >= count:  # type: ignore[misc]
+                return
+            await asyncio.sleep(0.01)
+
+
+async def all_events(redis: Redis, request_id: str, timeout_s: float = 60) -> list[TokenEvent]:
+    """Every event of ``request_id`` through its terminal one."""
+    reader = EventReader(redis)
+    return [item.event async for item in reader.read(request_id, deadline=time.monotonic() + timeout_s)]

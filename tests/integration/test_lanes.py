@@ -9,8 +9,7 @@ from redis.asyncio import Redis
 
 from shared import jobqueue, keys
 from shared.protocol import ChatMessage, ChatPrompt, Delta, GenerationJob, SamplingSpec
-from shared.streams import EventReader
-from tests.helpers import FAKE_MODEL, chat_body, running_stack
+from tests.helpers import FAKE_MODEL, all_events, chat_body, running_stack, until_running
 
 
 def _batch_job(request_id: str, max_tokens: int) -> GenerationJob:
@@ -43,12 +42,8 @@ async def test_batch_lane_jobs_fill_only_their_share_and_interactive_requests_st
             response = await client.post("/v1/chat/completions", json=chat_body(max_tokens=3))
             assert response.status_code == 200
             assert time.monotonic() - asked < 2.0  # it did not wait for the batch lane's queue
-            reader = EventReader(pool)
             for job in jobs:
-                events = [
-                    item.event async for item in reader.read(job.request_id, deadline=time.monotonic() + 60)
-                ]
-                assert events[-1].type == "finished"
+                assert (await all_events(pool, job.request_id))[-1].type == "finished"
         finally:
             await pool.aclose()
 
@@ -61,10 +56,7 @@ async def test_a_batch_lane_job_publishes_its_tokens_merged_and_an_interactive_o
         try:
             job = _batch_job(f"merged-{time.monotonic_ns()}", max_tokens=12)
             await jobqueue.enqueue(pool, job)
-            reader = EventReader(pool)
-            events = [
-                item.event async for item in reader.read(job.request_id, deadline=time.monotonic() + 60)
-            ]
+            events = await all_events(pool, job.request_id)
             streamed = await client.post("/v1/chat/completions", json=chat_body(max_tokens=12, stream=True))
         finally:
             await pool.aclose()
@@ -84,24 +76,13 @@ async def test_no_batch_job_starts_while_an_interactive_request_waits_for_its_fi
             interactive = asyncio.create_task(
                 client.post("/v1/chat/completions", json=chat_body(max_tokens=2))
             )
-            await _until_claimed(redis, 1)  # its first step (0.6 s) is now under way
+            await until_running(redis, 1)  # its first step (0.6 s) is now under way
             job = _batch_job(f"waits-{time.monotonic_ns()}", max_tokens=2)
             await jobqueue.enqueue(pool, job)
             await asyncio.sleep(0.3)
             assert not await redis.exists(keys.run(job.request_id))  # not started: there was room
             assert (await interactive).status_code == 200
-            reader = EventReader(pool)
-            events = [
-                item.event async for item in reader.read(job.request_id, deadline=time.monotonic() + 30)
-            ]
+            events = await all_events(pool, job.request_id, timeout_s=30)
             assert events[-1].type == "finished"  # started once the interactive token was out
         finally:
             await pool.aclose()
-
-
-async def _until_claimed(redis: Redis, count: int) -> None:
-    async with asyncio.timeout(10):
-        while True:
-            if int(await redis.scard(keys.running(FAKE_MODEL))) >= count:  # type: ignore[misc]
-                return
-            await asyncio.sleep(0.01)

@@ -8,7 +8,7 @@ from arq.constants import in_progress_key_prefix
 from redis.asyncio import Redis
 
 from shared import keys
-from tests.helpers import FAKE_MODEL, chat_body, running_stack
+from tests.helpers import FAKE_MODEL, chat_body, running_stack, until_running
 
 
 async def test_a_new_job_starts_behind_more_running_jobs_than_arq_reads_per_poll(
@@ -36,7 +36,7 @@ async def test_polls_do_not_recheck_the_jobs_this_worker_runs(redis_url: str, re
             asyncio.create_task(client.post("/v1/chat/completions", json=chat_body(max_tokens=40)))
             for _ in range(8)
         ]
-        await _until_running(redis, 8)
+        await until_running(redis, 8)
         watches_before = await _calls(redis, "watch")
         await asyncio.sleep(1.0)  # ~100 polls at the tests' 10 ms poll delay
         watches_during = await _calls(redis, "watch") - watches_before
@@ -44,14 +44,6 @@ async def test_polls_do_not_recheck_the_jobs_this_worker_runs(redis_url: str, re
     assert all(response.status_code == 200 for response in responses)
     # arq's own poll WATCHes every running job it reads: 8 jobs x ~100 polls.
     assert watches_during == 0
-
-
-async def _until_running(redis: Redis, count: int) -> None:
-    async with asyncio.timeout(10):
-        while True:
-            if int(await redis.scard(keys.running(FAKE_MODEL))) >= count:  # type: ignore[misc]
-                return
-            await asyncio.sleep(0.02)
 
 
 async def _calls(redis: Redis, command: str) -> int:
