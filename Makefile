@@ -61,7 +61,7 @@ CHAOS_ARGS ?=
 chaos: setup
 	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
-# A 1,000-line batch beside interactive traffic, across a worker kill and a Redis restart (~30 s); see bench/batch.py.
+# Interactive TTFT idle and beside a 1,000-line batch, then a second batch across a worker kill and a Redis restart (~1 min); see bench/batch.py.
 BATCH_BENCH_ARGS ?=
 bench-batch: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.batch $(BATCH_BENCH_ARGS)
