@@ -142,8 +142,9 @@ class EngineDriver:
         """The step loop; runs until cancelled.
 
         A step's updates are routed and published before the next step starts. Starting
-        it first, to overlap the two, measured slower on CPU: the model's Python between
-        torch ops and the routing fight for the GIL, and C=1 decode lost ~20%.
+        the next step first, to overlap the two (all of them, or the batch lane's only),
+        measured no gain in A/B runs on either engine: routing holds the GIL that the
+        engine thread needs to start its step and to run the model's Python.
         """
         loop = asyncio.get_running_loop()
         while True:
