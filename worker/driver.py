@@ -99,7 +99,7 @@ class EngineDriver:
         try:
             await self._run(job)
         finally:
-            self._started(job.request_id)
+            self._first_token_out(job.request_id)
 
     async def _run(self, job: GenerationJob) -> None:
         started = await self.lifecycle.start(job)
@@ -168,7 +168,8 @@ class EngineDriver:
                 for request_id in finished:
                     self._release(request_id)
 
-    def _started(self, request_id: str) -> None:
+    def _first_token_out(self, request_id: str) -> None:
+        """``request_id`` no longer waits for its first token (it has one, or it ended)."""
         if request_id in self._starting:
             self._starting.discard(request_id)
             if not self._starting:
@@ -207,7 +208,7 @@ class EngineDriver:
             with request_context(request_id):
                 produced = active.choices.consume(index, update)
             if produced:
-                self._started(request_id)
+                self._first_token_out(request_id)
             if active.job.lane == Lane.BATCH.value:
                 events.extend((request_id, event) for event in self._held.take(request_id, produced))
             else:
