@@ -9,6 +9,8 @@ from redis.asyncio import Redis
 
 from shared import jobqueue, keys
 from shared.protocol import ChatMessage, ChatPrompt, Delta, GenerationJob, SamplingSpec
+from shared.settings import WorkerSettings
+from shared.streams import EventReader
 from tests.helpers import FAKE_MODEL, all_events, chat_body, running_stack, until_running
 
 
@@ -84,5 +86,51 @@ async def test_no_batch_job_starts_while_an_interactive_request_waits_for_its_fi
             assert (await interactive).status_code == 200
             events = await all_events(pool, job.request_id, timeout_s=30)
             assert events[-1].type == "finished"  # started once the interactive token was out
+        finally:
+            await pool.aclose()
+
+
+def _stream_position(entry_id: str) -> tuple[int, int]:
+    milliseconds, sequence = entry_id.split("-")
+    return int(milliseconds), int(sequence)
+
+
+async def test_batch_lane_tokens_wait_while_an_interactive_request_is_starting_and_none_is_lost(
+    redis_url: str, redis: Redis
+) -> None:
+    async with running_stack(redis_url, max_batch_size=4, fake_step_delay_s=0.1, batch_hold_s=0) as client:
+        pool = await jobqueue.open_pool(redis_url)
+        try:
+            batch = _batch_job(f"deferred-{time.monotonic_ns()}", max_tokens=30)
+            await jobqueue.enqueue(pool, batch)
+            reader = EventReader(redis)
+            async with asyncio.timeout(30):
+                async for item in reader.read(batch.request_id, deadline=time.monotonic() + 30):
+                    if item.event.type == "delta":
+                        break  # the batch line is generating
+            response = await client.post("/v1/chat/completions", json=chat_body(max_tokens=2, stream=True))
+            assert response.status_code == 200
+            interactive_id = response.headers["x-request-id"]
+            batch_events = await all_events(pool, batch.request_id)
+
+            interactive_events = await reader.history(interactive_id)
+            accepted = next(item.entry_id for item in interactive_events if item.event.type == "accepted")
+            first_token = next(item.entry_id for item in interactive_events if item.event.type == "delta")
+            batch_history = await reader.history(batch.request_id)
+            published_meanwhile = [
+                item.entry_id
+                for item in batch_history
+                if item.event.type == "delta"
+                and _stream_position(accepted)
+                < _stream_position(item.entry_id)
+                < _stream_position(first_token)
+            ]
+            # Steps ran meanwhile (the interactive one waited for the batch's step in flight),
+            # but their batch tokens were routed only once the interactive token was out...
+            assert published_meanwhile == []
+            # ...and none was lost: the batch line has all its tokens, in order.
+            text = "".join(event.text for event in batch_events if isinstance(event, Delta))
+            assert text == WorkerSettings.model_fields["fake_script"].default[:30]
+            assert batch_events[-1].type == "finished"
         finally:
             await pool.aclose()
