@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from transformers import LlamaForCausalLM
 
 from shared.protocol import FinishReason
 from tests.engines import batched_engine, request, run_to_end, tiny_llama
+from worker.admission import BATCH_PRIORITY, INTERACTIVE_PRIORITY
 from worker.engine import EngineRequest, SamplingParams, SequenceUpdate, TokenScore
 from worker.engine.hf import TransformersEngine
 from worker.engine.sequential import SequentialEngine
@@ -60,6 +63,46 @@ def test_a_request_joining_mid_flight_starts_within_one_step(model: LlamaForCaus
     engine.add(request("late", PROMPTS["a"], max_new_tokens=3))
     first_step = {update.request_id for update in engine.step()}
     assert first_step == {"early", "late"}
+
+
+def _batch_line(request_id: str, prompt: list[int], max_new_tokens: int) -> EngineRequest:
+    return replace(request(request_id, prompt, max_new_tokens=max_new_tokens), priority=BATCH_PRIORITY)
+
+
+def test_an_interactive_prompt_beside_batch_rows_only_prefills_alone_and_they_resume_unchanged(
+    model: LlamaForCausalLM,
+) -> None:
+    batch_lines = [
+        replace(request(rid, PROMPTS[rid], max_new_tokens=8), priority=BATCH_PRIORITY) for rid in "bd"
+    ]
+    alone = run_to_end(batched_engine(model), batch_lines)
+    engine = batched_engine(model)
+    produced: dict[str, list[int]] = {"b": [], "d": [], "late": []}
+    for line in batch_lines:
+        engine.add(line)
+    for _ in range(3):
+        for update in engine.step():
+            produced[update.request_id] += update.new_token_ids
+    engine.add(replace(request("late", PROMPTS["a"], max_new_tokens=3), priority=INTERACTIVE_PRIORITY))
+    first_step = engine.step()
+    assert [update.request_id for update in first_step] == ["late"]  # no decode forward of the batch first
+    for update in first_step:
+        produced[update.request_id] += update.new_token_ids
+    while engine.has_unfinished():
+        for update in engine.step():
+            produced[update.request_id] += update.new_token_ids
+    assert {rid: produced[rid] for rid in "bd"} == alone  # the pause changed nothing they generate
+    assert len(produced["late"]) == 3
+
+
+def test_an_interactive_prompt_beside_interactive_rows_does_not_pause_them(model: LlamaForCausalLM) -> None:
+    engine = batched_engine(model)
+    engine.add(request("streaming", PROMPTS["b"], max_new_tokens=50))
+    engine.add(_batch_line("line", PROMPTS["d"], max_new_tokens=50))
+    for _ in range(3):
+        engine.step()
+    engine.add(request("late", PROMPTS["a"], max_new_tokens=3))
+    assert {update.request_id for update in engine.step()} == {"streaming", "line", "late"}
 
 
 def test_abort_frees_the_row_and_leaves_others_untouched(model: LlamaForCausalLM) -> None:

@@ -8,9 +8,15 @@ A step is schedule, execute, update (vLLM V1's shape):
      whose last chunk ran samples its first token and its cache joins the batch;
   4. rows that finished leave the cache (``kv_cache.py``).
 Decoding runs before prefill so a burst of new prompts costs the running streams
-at most one prefill chunk per step. Logprobs are scored from the same logits the
-step samples from (``sampling.score_tokens``); a prompt whose logprobs were asked
-keeps its prefill's logits at every position instead of the last one only.
+at most one prefill chunk per step. One exception puts prefill first: when a
+prompt to prefill is more urgent than every running row (an interactive request
+beside batch-lane rows only), the step prefills the prompts of that priority
+alone and the rows wait a step, so the request's first token does not wait for a
+decode forward of the whole batch (vLLM V0 runs prefills apart from decodes for
+the same reason). Nobody streams those rows, so nobody sees the pause.
+Logprobs are scored from the same logits the step samples from
+(``sampling.score_tokens``); a prompt whose logprobs were asked keeps its
+prefill's logits at every position instead of the last one only.
 Requests the batch cannot honour (beam search) run alone through
 ``model.generate`` (``sequential.run_beam_search``).
 
@@ -35,6 +41,8 @@ can differ in the last bits from recomputing it. Intentional divergences:
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -96,10 +104,29 @@ class TransformersEngine:
     @torch.inference_mode()
     def step(self) -> list[SequenceUpdate]:
         updates = self._admit()
-        updates += self._decode()
-        updates += self._prefill()
+        urgent = self._urgent_prefill()
+        if urgent is None:
+            updates += self._decode()
+            updates += self._prefill(self._prefilling.values())
+        else:  # the rows wait a step: all of them are less urgent than a prompt to prefill
+            updates += self._prefill(urgent)
         self._drop_rows({update.request_id for update in updates if update.is_finished})
         return updates
+
+    def _urgent_prefill(self) -> list[Sequence] | None:
+        """The prompts to prefill alone this step, or None for a normal step.
+
+        Those of the most urgent priority prefilling, when it is more urgent than every
+        running row's: an interactive request beside batch-lane rows only.
+        """
+        if not self._rows or not self._prefilling:
+            return None
+        most_urgent = min(sequence.request.priority for sequence in self._prefilling.values())
+        if most_urgent >= min(row.request.priority for row in self._rows):
+            return None
+        return [
+            sequence for sequence in self._prefilling.values() if sequence.request.priority == most_urgent
+        ]
 
     def _admit(self) -> list[SequenceUpdate]:
         lengths = [final_length(sequence.request) for sequence in (*self._rows, *self._prefilling.values())]
@@ -132,9 +159,9 @@ class TransformersEngine:
         )
         return self._sample_rows(self._rows, output.logits[:, -1, :])
 
-    def _prefill(self) -> list[SequenceUpdate]:
+    def _prefill(self, candidates: Iterable[Sequence]) -> list[SequenceUpdate]:
         # Interactive prompts are prefilled before batch ones (sorted() is stable: FIFO within a priority).
-        prefilling = sorted(self._prefilling.values(), key=lambda s: s.request.priority)
+        prefilling = sorted(candidates, key=lambda s: s.request.priority)
         self._reuse_prefixes(prefilling)
         if self._compute_shared_prefixes(prefilling):
             self._reuse_prefixes(prefilling)
