@@ -46,6 +46,12 @@ def _options() -> argparse.Namespace:
     parser.add_argument("--probes", type=int, default=30, help="interactive requests per TTFT phase")
     parser.add_argument("--step-delay", type=float, default=0.01, help="fake engine seconds per decode step")
     parser.add_argument("--real", action="store_true", help="the bundled model instead of the fake engine")
+    parser.add_argument(
+        "--worker-arg",
+        action="append",
+        default=[],
+        help="passed to each `tokenferry worker` (repeatable), e.g. --worker-arg=--batch-share=0.25",
+    )
     return parser.parse_args()
 
 
@@ -66,7 +72,16 @@ class Cluster:
     def add_worker(self) -> subprocess.Popen[bytes]:
         engine = [] if self.options.real else ["--engine", "fake", "--model", MODEL]
         env = {"TOKENFERRY_FAKE_STEP_DELAY_S": str(self.options.step_delay)}
-        return spawn_cli("worker", "--redis-url", self.redis.url, *engine, "--log-level", "WARNING", env=env)
+        return spawn_cli(
+            "worker",
+            "--redis-url",
+            self.redis.url,
+            *engine,
+            *self.options.worker_arg,
+            "--log-level",
+            "WARNING",
+            env=env,
+        )
 
     def model(self) -> str:
         wait_for_model(self.url, [self.gateway, *self.workers], MODEL, 300) if not self.options.real else None

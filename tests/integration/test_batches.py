@@ -312,6 +312,33 @@ def test_worker_and_gateway_killed_mid_batch_lose_and_duplicate_no_line(
     assert sorted(custom_ids) == sorted(f"line-{index}" for index in range(LINES))
 
 
+def test_redis_restarted_mid_batch_loses_no_line_and_no_file(
+    stack_factory: Callable[..., Stack], tmp_path: Path
+) -> None:
+    LINES = 40
+    stack = stack_factory(step_delay_s=0.03)
+    # Retries ride out the seconds Redis is down (the gateway answers 503 meanwhile).
+    client = stack.client().with_options(max_retries=10)
+    input_file_id = upload(
+        client, tmp_path, [chat_line(f"line-{index}", max_tokens=30) for index in range(LINES)]
+    )
+    batch = client.batches.create(
+        input_file_id=input_file_id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    half_way = wait_for_progress(client, batch.id)
+    assert half_way.request_counts.completed < LINES  # type: ignore[union-attr]
+
+    stack.redis.restart()  # append-only file on, as deploy/ runs it
+    done = wait_for(client, batch.id, {"completed", "failed"}, timeout_s=120)
+
+    assert done.status == "completed"
+    assert (done.request_counts.completed, done.request_counts.failed) == (LINES, 0)  # type: ignore[union-attr]
+    custom_ids = [line["custom_id"] for line in output_lines(client, done.output_file_id)]
+    assert sorted(custom_ids) == sorted(f"line-{index}" for index in range(LINES))
+    assert client.files.retrieve(input_file_id).filename == "input.jsonl"
+    assert input_file_id in {file.id for file in client.files.list()}
+
+
 def test_background_response_is_queued_then_polled_to_completion(stack_factory: Callable[..., Stack]) -> None:
     client = stack_factory(step_delay_s=0.02).client()
     created = client.responses.create(
