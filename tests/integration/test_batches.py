@@ -20,7 +20,9 @@ from pathlib import Path
 import openai
 import pytest
 from openai.types import Batch
+from redis import Redis
 
+from shared import keys
 from shared.redis_server import EmbeddedRedis, free_port
 from shared.settings import WorkerSettings
 from tests.processes import spawn_cli, stop_all, wait_for_model
@@ -337,6 +339,39 @@ def test_redis_restarted_mid_batch_loses_no_line_and_no_file(
     assert sorted(custom_ids) == sorted(f"line-{index}" for index in range(LINES))
     assert client.files.retrieve(input_file_id).filename == "input.jsonl"
     assert input_file_id in {file.id for file in client.files.list()}
+
+
+def test_a_batch_past_its_completion_window_expires_keeping_what_finished(
+    stack_factory: Callable[..., Stack], tmp_path: Path
+) -> None:
+    LINES = 30
+    stack = stack_factory(step_delay_s=0.05)
+    client = stack.client()
+    lines = [chat_line(f"line-{index}", max_tokens=40, ignore_eos=True) for index in range(LINES)]
+    batch = client.batches.create(
+        input_file_id=upload(client, tmp_path, lines),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    wait_for_progress(client, batch.id)
+
+    # As if the 24 hours had passed: the window's end is in the batch's record.
+    redis = Redis.from_url(stack.redis.url)
+    spec = json.loads(redis.hget(keys.batch(batch.id), "spec"))  # type: ignore[arg-type]
+    redis.hset(keys.batch(batch.id), "spec", json.dumps({**spec, "expires_at": int(time.time()) - 1}))
+    expired = wait_for(client, batch.id, {"expired"})
+
+    assert expired.expired_at is not None
+    counts = expired.request_counts
+    assert counts is not None and counts.total == LINES and counts.completed + counts.failed == LINES
+    finished = output_lines(client, expired.output_file_id)
+    assert len(finished) == counts.completed < LINES
+    assert all(line["response"]["status_code"] == 200 for line in finished)  # type: ignore[index]
+    unfinished = output_lines(client, expired.error_file_id)
+    assert len(unfinished) == counts.failed
+    assert {line["error"]["code"] for line in unfinished} == {"batch_expired"}  # type: ignore[index]
+    custom_ids = [line["custom_id"] for line in finished + unfinished]
+    assert sorted(custom_ids) == sorted(f"line-{index}" for index in range(LINES))
 
 
 def test_background_response_is_queued_then_polled_to_completion(stack_factory: Callable[..., Stack]) -> None:
