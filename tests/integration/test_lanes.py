@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass, field
 
+import pytest
 from redis.asyncio import Redis
 
 from shared import jobqueue, keys
@@ -12,6 +14,10 @@ from shared.protocol import ChatMessage, ChatPrompt, Delta, GenerationJob, Sampl
 from shared.settings import WorkerSettings
 from shared.streams import EventReader
 from tests.helpers import FAKE_MODEL, all_events, chat_body, running_stack, until_running
+from worker import driver
+from worker.engine import SequenceUpdate
+from worker.engine.fake import FakeEngine
+from worker.lifecycle import JobLifecycle, StartedJob
 
 
 def _batch_job(request_id: str, max_tokens: int) -> GenerationJob:
@@ -132,5 +138,85 @@ async def test_batch_lane_tokens_wait_while_an_interactive_request_is_starting_a
             text = "".join(event.text for event in batch_events if isinstance(event, Delta))
             assert text == WorkerSettings.model_fields["fake_script"].default[:30]
             assert batch_events[-1].type == "finished"
+        finally:
+            await pool.aclose()
+
+
+@dataclass
+class _Recorded:
+    step_starts: list[float] = field(default_factory=list)
+    admissions: list[tuple[float, float]] = field(default_factory=list)  # slow ones: (began, admitted)
+
+    def steps_during_first_admission(self) -> list[float]:
+        (began, admitted), *_ = self.admissions
+        return [moment for moment in self.step_starts if began < moment < admitted]
+
+
+@pytest.fixture
+def recorded(monkeypatch: pytest.MonkeyPatch) -> _Recorded:
+    """Step starts recorded, and interactive jobs' starts made 0.3 s slower (as tokenizing a long
+    prompt would), except those whose id begins with ``quick-``."""
+    record = _Recorded()
+    step = FakeEngine.step
+    start = JobLifecycle.start
+
+    def recorded_step(engine: FakeEngine) -> list[SequenceUpdate]:
+        record.step_starts.append(time.monotonic())
+        return step(engine)
+
+    async def slow_start(lifecycle: JobLifecycle, job: GenerationJob) -> StartedJob | None:
+        if job.lane == "batch" or job.request_id.startswith("quick-"):
+            return await start(lifecycle, job)
+        began = time.monotonic()
+        await asyncio.sleep(0.3)
+        started = await start(lifecycle, job)
+        record.admissions.append((began, time.monotonic()))
+        return started
+
+    monkeypatch.setattr(FakeEngine, "step", recorded_step)
+    monkeypatch.setattr(JobLifecycle, "start", slow_start)
+    monkeypatch.setattr(driver, "_ADMISSION_WAIT_S", 2.0)  # the admission is made slower too
+    return record
+
+
+async def test_the_next_step_waits_for_an_interactive_request_being_admitted_beside_batch_rows(
+    redis_url: str, redis: Redis, recorded: _Recorded
+) -> None:
+    """Started without it, the step would make the request wait a whole step more."""
+    async with running_stack(redis_url, max_batch_size=4, fake_step_delay_s=0.05) as client:
+        pool = await jobqueue.open_pool(redis_url)
+        try:
+            batch = _batch_job(f"beside-{time.monotonic_ns()}", max_tokens=60)
+            await jobqueue.enqueue(pool, batch)
+            await until_running(redis, 1)
+            response = await client.post("/v1/chat/completions", json=chat_body(max_tokens=2))
+            assert response.status_code == 200
+            assert recorded.steps_during_first_admission() == []  # six steps' worth: the batch rows waited
+            assert (await all_events(pool, batch.request_id))[-1].type == "finished"
+        finally:
+            await pool.aclose()
+
+
+async def test_no_step_waits_for_an_admission_while_an_interactive_request_streams(
+    redis_url: str, redis: Redis, recorded: _Recorded
+) -> None:
+    async with running_stack(redis_url, max_batch_size=4, fake_step_delay_s=0.05) as client:
+        pool = await jobqueue.open_pool(redis_url)
+        try:
+            streaming = GenerationJob(
+                request_id=f"quick-{time.monotonic_ns()}",
+                model=FAKE_MODEL,
+                prompt=ChatPrompt(messages=[ChatMessage(role="user", content="stream")]),
+                sampling=SamplingSpec(max_tokens=60, ignore_eos=True),
+                created_at=time.time(),
+            )
+            await jobqueue.enqueue(pool, streaming)
+            reader = EventReader(redis)
+            async for item in reader.read(streaming.request_id, deadline=time.monotonic() + 30):
+                if item.event.type == "delta":
+                    break  # it streams
+            response = await client.post("/v1/chat/completions", json=chat_body(max_tokens=2))
+            assert response.status_code == 200
+            assert len(recorded.steps_during_first_admission()) >= 3  # its tokens kept coming meanwhile
         finally:
             await pool.aclose()
