@@ -1,8 +1,8 @@
 """Batch bench (``make bench-batch``): a 1,000-line batch beside interactive traffic, with faults.
 
 Real processes on loopback: a private Redis with its append-only file on, one
-``tokenferry gateway`` and two ``tokenferry worker`` processes (the fake engine
-by default, ``--real`` for the bundled model). It measures:
+``tokenferry gateway`` and two ``tokenferry worker`` processes (``--workers``), with
+the fake engine by default, ``--real`` for the bundled model. It measures:
 
 1. interactive time to first token with the cluster idle (streamed chat requests
    one after another);
@@ -47,6 +47,9 @@ def _options() -> argparse.Namespace:
     parser.add_argument("--step-delay", type=float, default=0.01, help="fake engine seconds per decode step")
     parser.add_argument("--real", action="store_true", help="the bundled model instead of the fake engine")
     parser.add_argument(
+        "--workers", type=int, default=2, help="worker processes (one is SIGKILLed mid-batch)"
+    )
+    parser.add_argument(
         "--worker-arg",
         action="append",
         default=[],
@@ -63,7 +66,7 @@ class Cluster:
         self.gateway = spawn_cli(
             "gateway", "--redis-url", redis.url, "--port", str(self.port), "--log-level", "WARNING"
         )
-        self.workers = [self.add_worker(), self.add_worker()]
+        self.workers = [self.add_worker() for _ in range(options.workers)]
 
     @property
     def url(self) -> str:

@@ -40,11 +40,14 @@ class Stack:
     gateways: list[tuple[subprocess.Popen[bytes], str]] = field(default_factory=list)
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
+    gateway_env: dict[str, str] = field(default_factory=dict)
+
     def add_gateway(self) -> str:
         port = free_port()
         process = spawn_cli(
-            "gateway", "--redis-url", self.redis.url, "--port", str(port), "--log-level", "WARNING"
-        )
+            "gateway", "--redis-url", self.redis.url, "--port", str(port), "--log-level", "WARNING",
+            env=self.gateway_env,
+        )  # fmt: skip
         self.gateways.append((process, f"http://127.0.0.1:{port}"))
         return f"http://127.0.0.1:{port}"
 
@@ -78,8 +81,14 @@ def stack_factory() -> Iterator[Callable[..., Stack]]:
     stacks: list[Stack] = []
     with EmbeddedRedis(append_only=True) as redis:
 
-        def build(*, gateways: int = 1, workers: int = 1, step_delay_s: float = 0.0) -> Stack:
-            stack = Stack(redis)
+        def build(
+            *,
+            gateways: int = 1,
+            workers: int = 1,
+            step_delay_s: float = 0.0,
+            gateway_env: dict[str, str] | None = None,
+        ) -> Stack:
+            stack = Stack(redis, gateway_env=gateway_env or {})
             stacks.append(stack)
             for _ in range(gateways):
                 stack.add_gateway()
@@ -372,6 +381,47 @@ def test_a_batch_past_its_completion_window_expires_keeping_what_finished(
     assert {line["error"]["code"] for line in unfinished} == {"batch_expired"}  # type: ignore[index]
     custom_ids = [line["custom_id"] for line in finished + unfinished]
     assert sorted(custom_ids) == sorted(f"line-{index}" for index in range(LINES))
+
+
+def test_finished_batches_their_files_and_responses_expire_after_the_retention_time(
+    stack_factory: Callable[..., Stack], tmp_path: Path
+) -> None:
+    RETENTION_S = 8
+    stack = stack_factory(gateway_env={"TOKENFERRY_RESULT_RETENTION_S": str(RETENTION_S)})
+    client = stack.client()
+    batch = client.batches.create(
+        input_file_id=upload(client, tmp_path, [chat_line("only")]),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    response = client.responses.create(model=MODEL, input="Hi", max_output_tokens=MAX_TOKENS, background=True)
+    deadline = time.monotonic() + BATCH_TIMEOUT_S
+    while client.responses.retrieve(response.id).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)  # kept at first
+    done = wait_for(client, batch.id, {"completed"})
+    assert done.output_file_id is not None and output_lines(client, done.output_file_id)  # kept at first
+    output_file_id = done.output_file_id
+
+    def gone() -> list[bool]:
+        fetches = [
+            lambda: client.batches.retrieve(batch.id),
+            lambda: client.files.retrieve(output_file_id),
+            lambda: client.responses.retrieve(response.id),
+        ]
+        found = []
+        for fetch in fetches:
+            try:
+                fetch()
+                found.append(False)
+            except openai.NotFoundError:
+                found.append(True)
+        return found
+
+    deadline = time.monotonic() + RETENTION_S + 30
+    while not all(gone()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert gone() == [True, True, True]  # the batch, its output file, the response
 
 
 def test_background_response_is_queued_then_polled_to_completion(stack_factory: Callable[..., Stack]) -> None:
