@@ -18,10 +18,8 @@ them token by token.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -36,6 +34,7 @@ from worker.backoff import outage_delay
 from worker.choices import RequestChoices
 from worker.engine import Engine, EngineRequest, SequenceUpdate
 from worker.held_events import HeldEvents
+from worker.interactive_starts import InteractiveStarts
 from worker.lifecycle import JobLifecycle
 from worker.metrics import WorkerMetrics
 
@@ -79,13 +78,8 @@ class EngineDriver:
         self._choice_of: dict[str, tuple[str, int]] = {}  # engine id -> (request id, choice index)
         self._inbox: list[EngineRequest | str] = []  # a request to add, or an id to abort
         self._held = HeldEvents(batch_hold_s)  # batch-lane events, published merged
-        self._starting: set[str] = set()  # interactive requests without their first token yet
+        self.starts = InteractiveStarts()  # interactive requests without their first token yet
         self._deferred: list[list[SequenceUpdate]] = []  # batch-lane steps not routed yet, oldest first
-        self._admitting: set[str] = set()  # starting interactive requests not in the engine's inbox yet
-        self._waited_for: set[str] = set()  # those of them a step has waited for already (once each)
-        self._admitted = asyncio.Event()  # set while none is being admitted
-        self._admitted.set()
-        self._on_started: list[Callable[[], None]] = []
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
@@ -96,26 +90,14 @@ class EngineDriver:
     def active_in_lane(self, lane: str) -> int:
         return sum(1 for active in self._active.values() if active.job.lane == lane)
 
-    @property
-    def interactive_starting(self) -> int:
-        """Interactive requests on their way to their first token (claimed, admitted, prefilling)."""
-        return len(self._starting)
-
-    def when_interactive_started(self, callback: Callable[[], None]) -> None:
-        """Call ``callback`` each time the last starting interactive request has its first token."""
-        self._on_started.append(callback)
-
     async def run(self, job: GenerationJob) -> None:
         """Start (or resume) ``job``, stream its events, return when its terminal event is stored."""
         if job.lane != Lane.BATCH.value:
-            self._starting.add(job.request_id)
-            self._admitting.add(job.request_id)
-            self._admitted.clear()
+            self.starts.begin(job.request_id)
         try:
             await self._run(job)
         finally:
-            self._admission_over(job.request_id)
-            self._first_token_out(job.request_id)
+            self.starts.started(job.request_id)
 
     async def _run(self, job: GenerationJob) -> None:
         started = await self.lifecycle.start(job)
@@ -132,7 +114,7 @@ class EngineDriver:
         for request in started.to_run:
             self._choice_of[request.request_id] = (job.request_id, index_of[request.request_id])
             self._post(request)
-        self._admission_over(job.request_id)
+        self.starts.admitted(job.request_id)
         try:
             await active.done
         except asyncio.CancelledError:
@@ -178,8 +160,8 @@ class EngineDriver:
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
-            if self._admitting - self._waited_for and not self._interactive_decoding():
-                await self._until_admitted()
+            if self.starts.awaits_a_step() and not self.starts.any_decoding(self._interactive_ids()):
+                await self.starts.admissions(_ADMISSION_WAIT_S)
             self._apply_inbox()
             self.metrics.observe_engine(self._engine.stats())
             if not self._engine.has_unfinished():
@@ -198,7 +180,7 @@ class EngineDriver:
             await self._route_and_publish(interactive)
             if batch:
                 self._deferred.append(batch)
-            if self._starting and len(self._deferred) < _MAX_DEFERRED_STEPS:
+            if self.starts and len(self._deferred) < _MAX_DEFERRED_STEPS:
                 continue  # an interactive request waits for its first token: its step comes first
             await self._route_deferred()
 
@@ -214,31 +196,10 @@ class EngineDriver:
         for request_id in finished:
             self._release(request_id)
 
-    def _interactive_decoding(self) -> bool:
-        """Whether an interactive request past its first token is in the engine (its stream would stall)."""
-        return any(
-            active.job.lane != Lane.BATCH.value and request_id not in self._starting
-            for request_id, active in self._active.items()
-        )
-
-    async def _until_admitted(self) -> None:
-        self._waited_for |= self._admitting
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._admitted.wait(), _ADMISSION_WAIT_S)
-
-    def _admission_over(self, request_id: str) -> None:
-        self._admitting.discard(request_id)
-        self._waited_for.discard(request_id)
-        if not self._admitting:
-            self._admitted.set()
-
-    def _first_token_out(self, request_id: str) -> None:
-        """``request_id`` no longer waits for its first token (it has one, or it ended)."""
-        if request_id in self._starting:
-            self._starting.discard(request_id)
-            if not self._starting:
-                for callback in self._on_started:
-                    callback()
+    def _interactive_ids(self) -> list[str]:
+        return [
+            request_id for request_id, active in self._active.items() if active.job.lane != Lane.BATCH.value
+        ]
 
     def _by_lane(self, updates: list[SequenceUpdate]) -> tuple[list[SequenceUpdate], list[SequenceUpdate]]:
         """The step's updates of interactive requests, and those of the batch lane."""
@@ -270,7 +231,7 @@ class EngineDriver:
             with request_context(request_id):
                 produced = active.choices.consume(index, update)
             if produced:
-                self._first_token_out(request_id)
+                self.starts.started(request_id)
             if active.job.lane == Lane.BATCH.value:
                 events.extend((request_id, event) for event in self._held.take(request_id, produced))
             else:

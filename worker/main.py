@@ -219,7 +219,7 @@ def _batch_lane_worker(ctx: WorkerContext, settings: WorkerSettings, driver: Eng
     batch_slots = max(1, int(settings.max_batch_size * settings.batch_share))
 
     def room() -> int:
-        if driver.interactive_starting:
+        if driver.starts:
             # Interactive first: starting a batch job costs this process round trips and
             # admission work that an interactive request on its way to its first token
             # would wait behind; the lane is nudged once that token is out.
@@ -239,7 +239,7 @@ def _batch_lane_worker(ctx: WorkerContext, settings: WorkerSettings, driver: Eng
         **_queue_options(settings),
     )
     worker.ctx["is_aborted"] = lambda job_id: job_id in worker.aborting_tasks
-    driver.when_interactive_started(worker.nudge)
+    driver.starts.when_all_started(worker.nudge)
     ctx_main = ctx.get("queue_worker")
     if isinstance(ctx_main, QueueWorker):
         ctx_main.add_companion(worker)
