@@ -500,3 +500,23 @@ def test_cli_submit_waits_with_progress_and_writes_the_output(
     assert f"{batch_id}  completed  25 completed, 0 failed of 25" in status_text
     listing = spawn_cli("batch", "list", "--base-url", base_url)
     assert batch_id in listing.communicate(timeout=30)[0].decode()
+
+
+def test_cli_cancel_stops_a_submitted_batch(stack_factory: Callable[..., Stack], tmp_path: Path) -> None:
+    stack = stack_factory(step_delay_s=0.05)
+    base_url = f"{stack.gateways[0][1]}/v1"
+    path = tmp_path / "long.jsonl"
+    lines = [chat_line(f"q{index}", max_tokens=40, ignore_eos=True) for index in range(30)]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    submit = spawn_cli("batch", "submit", str(path), "--base-url", base_url)
+    batch_id = submit.communicate(timeout=60)[0].decode().strip()
+    assert submit.returncode == 0 and batch_id.startswith("batch_")
+    wait_for_progress(stack.client(), batch_id)
+
+    cancel = spawn_cli("batch", "cancel", batch_id, "--base-url", base_url)
+    cancel_text = cancel.communicate(timeout=30)[0].decode()
+
+    assert cancel.returncode == 0, cancel_text
+    assert cancel_text.startswith(batch_id) and ("cancelling" in cancel_text or "cancelled" in cancel_text)
+    cancelled = wait_for(stack.client(), batch_id, {"cancelled"})
+    assert cancelled.request_counts is not None and cancelled.request_counts.completed < 30
