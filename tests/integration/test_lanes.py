@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
 import pytest
 from redis.asyncio import Redis
@@ -20,15 +21,19 @@ from worker.engine.fake import FakeEngine
 from worker.lifecycle import JobLifecycle, StartedJob
 
 
-def _batch_job(request_id: str, max_tokens: int) -> GenerationJob:
+def _job(request_id: str, max_tokens: int, lane: Literal["interactive", "batch"]) -> GenerationJob:
     return GenerationJob(
         request_id=request_id,
         model=FAKE_MODEL,
         prompt=ChatPrompt(messages=[ChatMessage(role="user", content="line")]),
         sampling=SamplingSpec(max_tokens=max_tokens, ignore_eos=True),
         created_at=time.time(),
-        lane="batch",
+        lane=lane,
     )
+
+
+def _batch_job(request_id: str, max_tokens: int) -> GenerationJob:
+    return _job(request_id, max_tokens, "batch")
 
 
 async def test_batch_lane_jobs_fill_only_their_share_and_interactive_requests_still_start_at_once(
@@ -203,13 +208,7 @@ async def test_no_step_waits_for_an_admission_while_an_interactive_request_strea
     async with running_stack(redis_url, max_batch_size=4, fake_step_delay_s=0.05) as client:
         pool = await jobqueue.open_pool(redis_url)
         try:
-            streaming = GenerationJob(
-                request_id=f"quick-{time.monotonic_ns()}",
-                model=FAKE_MODEL,
-                prompt=ChatPrompt(messages=[ChatMessage(role="user", content="stream")]),
-                sampling=SamplingSpec(max_tokens=60, ignore_eos=True),
-                created_at=time.time(),
-            )
+            streaming = _job(f"quick-{time.monotonic_ns()}", max_tokens=60, lane="interactive")
             await jobqueue.enqueue(pool, streaming)
             reader = EventReader(redis)
             async for item in reader.read(streaming.request_id, deadline=time.monotonic() + 30):
