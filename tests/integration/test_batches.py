@@ -520,3 +520,35 @@ def test_cli_cancel_stops_a_submitted_batch(stack_factory: Callable[..., Stack],
     assert cancel_text.startswith(batch_id) and ("cancelling" in cancel_text or "cancelled" in cancel_text)
     cancelled = wait_for(stack.client(), batch_id, {"cancelled"})
     assert cancelled.request_counts is not None and cancelled.request_counts.completed < 30
+
+
+def test_a_gateway_dying_while_a_batch_finalizes_leaves_it_to_another_that_writes_its_files(
+    stack_factory: Callable[..., Stack], tmp_path: Path
+) -> None:
+    LINES = 10
+    stack = stack_factory()
+    client = stack.client()
+    lines = [chat_line(f"line-{index}") for index in range(LINES)]
+    batch = client.batches.create(
+        input_file_id=upload(client, tmp_path, lines),
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
+    wait_for(client, batch.id, {"completed"})
+    stack.gateways[0][0].send_signal(signal.SIGKILL)
+    stack.gateways[0][0].wait(timeout=10)
+    # What a gateway killed inside finalizing leaves: every line done, no files written yet.
+    redis = Redis.from_url(stack.redis.url)
+    redis.hset(keys.batch(batch.id), "status", "finalizing")
+    redis.hdel(keys.batch(batch.id), "output_file_id", "error_file_id", "completed_at")
+    redis.sadd(keys.active("batch"), batch.id)
+
+    stack.add_gateway()
+    stack.wait_ready()
+    survivor = stack.client(1)
+    done = wait_for(survivor, batch.id, {"completed", "failed"})
+
+    assert done.status == "completed" and done.output_file_id is not None
+    assert (done.request_counts.completed, done.request_counts.failed) == (LINES, 0)  # type: ignore[union-attr]
+    custom_ids = [line["custom_id"] for line in output_lines(survivor, done.output_file_id)]
+    assert sorted(custom_ids) == sorted(f"line-{index}" for index in range(LINES))
