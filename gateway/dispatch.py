@@ -112,6 +112,16 @@ class Dispatcher:
             async for item in events:
                 yield item
 
+    async def watch(self, request_id: str) -> AsyncGenerator[StreamEvent, None]:
+        """Every event of a job this request does not own (a background one: a runner does), Failed
+        raised; leaving early leaves the job running."""
+        deadline = time.monotonic() + self._timeout_s
+        async with aclosing(self._reader.read(request_id, deadline=deadline)) as events:
+            async for item in events:
+                if isinstance(item.event, Failed):
+                    raise error_from_info(item.event.error)
+                yield item
+
     async def history(self, request_id: str) -> list[StreamEvent]:
         return await self._reader.history(request_id)
 

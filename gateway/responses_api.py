@@ -55,8 +55,6 @@ def response_job(request: ResponseCreateRequest, request_id: str, created_at: fl
         raise InvalidRequest(
             "previous_response_id is not supported; send the messages.", param="previous_response_id"
         )
-    if request.background and request.stream:
-        raise InvalidRequest("background responses cannot stream here; poll them instead.", param="stream")
     sampling = SamplingSpec(
         max_tokens=request.max_output_tokens, temperature=request.temperature, top_p=request.top_p
     )

@@ -2,7 +2,9 @@
 
 Foreground responses run through the Dispatcher like chat completions; a
 ``background`` one is enqueued, stored as ``queued`` and answered at once, and a
-runner completes it (``gateway/response_store.py``); clients poll it by id.
+runner completes it (``gateway/response_store.py``); clients poll it by id. A
+background one asked with ``stream`` is also streamed as it runs; leaving that
+stream does not stop it.
 """
 
 from __future__ import annotations
@@ -43,11 +45,18 @@ async def create_response(
     created_at = time.time()
     job = await admitter.admit(responses_api.response_job(body, request_id, created_at))
     pending = responses_api.pending_response(body, request_id, created_at)
+    drain_grace_s = get_state(request).drain_grace_s
     if body.background:
         await require_live(pool, body.model)
         await background.responses.create(principal.tenant, pending, request_id)
         await jobqueue.enqueue(pool, job)
-        return pending
+        if not body.stream:
+            return pending
+        # Streamed as it runs; a client leaving does not cancel it (cancel does), and it can be polled.
+        stream = responses_api.ResponseStream(pending, request_id, time.time())
+        return sse.event_stream(
+            None, dispatcher.watch(request_id), stream.events, drain_grace_s=drain_grace_s
+        )
     if not body.stream:
         events = await dispatcher.complete(job, request.receive)
         return responses_api.finished_response(pending, events, request_id, time.time())
@@ -57,7 +66,7 @@ async def create_response(
         admission.accepted,
         dispatcher.relay(admission),
         stream.events,
-        drain_grace_s=get_state(request).drain_grace_s,
+        drain_grace_s=drain_grace_s,
     )
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import openai
 import pytest
 from openai.types import Batch
+from openai.types.responses import Response
 from redis import Redis
 
 from shared import keys
@@ -443,6 +444,43 @@ def test_background_response_is_queued_then_polled_to_completion(stack_factory: 
     )
     assert response.output_text == expected_text()
     assert response.usage is not None and response.usage.output_tokens == MAX_TOKENS
+
+
+def polled_to_the_end(client: openai.OpenAI, response_id: str) -> Response:
+    deadline = time.monotonic() + BATCH_TIMEOUT_S
+    response = client.responses.retrieve(response_id)
+    while response.status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, f"response {response_id} stayed {response.status}"
+        time.sleep(0.1)
+        response = client.responses.retrieve(response_id)
+    return response
+
+
+def test_a_background_response_streams_as_it_runs_and_leaving_the_stream_does_not_stop_it(
+    stack_factory: Callable[..., Stack],
+) -> None:
+    client = stack_factory(step_delay_s=0.05).client()
+    streamed = list(
+        client.responses.create(
+            model=MODEL, input="Hi", max_output_tokens=MAX_TOKENS, background=True, stream=True
+        )
+    )
+    types = [event.type for event in streamed]
+    assert types[0] == "response.created" and types[-1] == "response.incomplete"  # max_output_tokens
+    response_id = streamed[0].response.id  # type: ignore[union-attr]
+    text = "".join(event.delta for event in streamed if event.type == "response.output_text.delta")
+    assert text == expected_text()
+    assert polled_to_the_end(client, response_id).output_text == text  # the runner stored it too
+
+    left = client.responses.create(
+        model=MODEL, input="Hi", max_output_tokens=40, background=True, stream=True
+    )
+    first = next(iter(left))
+    left.close()  # the client goes away after the first event, 40 steps (2 s) before the end
+    assert first.type == "response.created"
+    finished = polled_to_the_end(client, first.response.id)  # type: ignore[union-attr]
+    assert finished.status == "incomplete" and finished.usage is not None
+    assert finished.usage.output_tokens == 40  # it ran on to max_output_tokens without its client
 
 
 def test_responses_answer_whole_and_streamed(stack_factory: Callable[..., Stack]) -> None:

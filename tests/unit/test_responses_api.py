@@ -39,7 +39,7 @@ def test_message_list_input_joins_text_parts() -> None:
 
 
 @pytest.mark.parametrize(
-    "fields", [{"tools": [{"type": "web_search"}]}, {"background": True, "stream": True}]
+    "fields", [{"tools": [{"type": "web_search"}]}, {"previous_response_id": "resp_earlier"}]
 )
 def test_unsupported_fields_are_refused(fields: dict[str, object]) -> None:
     with pytest.raises(InvalidRequest):
