@@ -5,8 +5,8 @@ token is out (or it ended). Until then it is also *admitting* while its claim,
 tokenization and ``Accepted`` are under way, before it reaches the engine's inbox.
 What the driver and the batch lane do with this (``worker/driver.py``,
 ``worker/main.py``): no batch line starts and batch routing waits while any
-request is starting; the next step waits, once per request and briefly, for one
-that is admitting.
+request is starting; unless an interactive request is decoding, the next step
+waits, once per request and briefly, for one that is admitting.
 """
 
 from __future__ import annotations
