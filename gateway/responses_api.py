@@ -105,6 +105,21 @@ def pending_response(
     )
 
 
+def as_created(stored: Response) -> Response:
+    """The response ``stored`` was when it was created (``pending_response``): a replayed stream
+    starts from it, as the first one did."""
+    return stored.model_copy(
+        update={
+            "status": "queued",
+            "output": [],
+            "error": None,
+            "incomplete_details": None,
+            "usage": None,
+            "completed_at": None,
+        }
+    )
+
+
 def finished_response(
     pending: Response, events: Sequence[TokenEvent], request_id: str, now: float
 ) -> Response:

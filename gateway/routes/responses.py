@@ -10,8 +10,10 @@ stream does not stop it.
 from __future__ import annotations
 
 import time
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Query, Request
+from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 
 from gateway import responses_api, sse
@@ -19,11 +21,12 @@ from gateway.admission import AdmitterDep
 from gateway.background import BackgroundDep
 from gateway.deps import DispatcherDep, JsonBody, PoolDep, PrincipalDep, RequestIdDep, get_state
 from gateway.dispatch import require_live
-from gateway.responses_schema import Response, ResponseCreateRequest
+from gateway.responses_schema import TERMINAL_RESPONSE_STATUSES, Response, ResponseCreateRequest
 from gateway.tenancy import owned
-from shared import jobqueue
-from shared.errors import NotFound
+from shared import jobqueue, keys
+from shared.errors import InvalidRequest, NotFound
 from shared.ownership import ResourceKind
+from shared.protocol import TokenEvent
 
 router = APIRouter(tags=["responses"])
 # Someone else's id answers 404 before the handler runs (gateway/tenancy.py).
@@ -71,12 +74,41 @@ async def create_response(
 
 
 @router.get("/v1/responses/{response_id}", response_model=Response, dependencies=OWNED_RESPONSE)
-async def retrieve_response(response_id: str, background: BackgroundDep) -> Response:
-    """A background response as it stands: queued, in_progress, or finished with its output."""
+async def retrieve_response(
+    response_id: str,
+    background: BackgroundDep,
+    dispatcher: DispatcherDep,
+    pool: PoolDep,
+    request: Request,
+    stream: bool = False,
+    starting_after: Annotated[int | None, Query(ge=0)] = None,
+) -> Response | EventSourceResponse:
+    """A background response as it stands: queued, in_progress, or finished with its output.
+
+    With ``stream``, its events instead, from the start or after the ``starting_after``-th
+    (a stream picked up again): they are replayed from its job's events, so their numbers
+    are those of the first stream.
+    """
     response = await background.responses.get(response_id)
     if response is None:
         raise _missing(response_id)
-    return response
+    if not stream:
+        return response
+    request_id = await background.responses.request_id(response_id)
+    if request_id is None:
+        raise _missing(response_id)
+    if response.status in TERMINAL_RESPONSE_STATUSES and not await pool.exists(keys.events(request_id)):
+        raise InvalidRequest(
+            "This response's events are no longer kept; retrieve it without `stream`.", param="stream"
+        )
+    replay = responses_api.ResponseStream(responses_api.as_created(response), request_id, time.time())
+    after = -1 if starting_after is None else starting_after
+
+    def unseen(event: TokenEvent) -> list[BaseModel]:
+        return [item for item in replay.events(event) if getattr(item, "sequence_number", after + 1) > after]
+
+    watched = dispatcher.watch(request_id)
+    return sse.event_stream(None, watched, unseen, drain_grace_s=get_state(request).drain_grace_s)
 
 
 @router.post("/v1/responses/{response_id}/cancel", response_model=Response, dependencies=OWNED_RESPONSE)

@@ -483,6 +483,30 @@ def test_a_background_response_streams_as_it_runs_and_leaving_the_stream_does_no
     assert finished.usage.output_tokens == 40  # it ran on to max_output_tokens without its client
 
 
+def test_a_background_stream_is_picked_up_again_after_the_last_event_seen(
+    stack_factory: Callable[..., Stack],
+) -> None:
+    client = stack_factory(step_delay_s=0.05).client()
+    seen = []
+    with client.responses.create(
+        model=MODEL, input="Hi", max_output_tokens=MAX_TOKENS, background=True, stream=True
+    ) as first_part:
+        for event in first_part:
+            seen.append(event)
+            if sum(event.type == "response.output_text.delta" for event in seen) == 2:
+                break  # the connection drops here
+    response_id = seen[0].response.id  # type: ignore[union-attr]
+
+    rest = list(client.responses.retrieve(response_id, stream=True, starting_after=seen[-1].sequence_number))
+
+    numbers = [event.sequence_number for event in seen + rest]
+    assert numbers == list(range(len(numbers)))  # nothing missed, nothing twice
+    text = "".join(event.delta for event in seen + rest if event.type == "response.output_text.delta")
+    assert text == expected_text() and rest[-1].type == "response.incomplete"
+    replayed = list(client.responses.retrieve(response_id, stream=True))  # from the start
+    assert [event.type for event in replayed] == [event.type for event in seen + rest]
+
+
 def test_responses_answer_whole_and_streamed(stack_factory: Callable[..., Stack]) -> None:
     client = stack_factory().client()
     whole = client.responses.create(

@@ -107,8 +107,9 @@ def _stream_position(entry_id: str) -> tuple[int, int]:
 
 
 async def test_batch_lane_tokens_wait_while_an_interactive_request_is_starting_and_none_is_lost(
-    redis_url: str, redis: Redis
+    redis_url: str, redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(driver, "_MAX_DEFERRED_STEPS", 1000)  # its bound is not what this checks
     async with running_stack(redis_url, max_batch_size=4, fake_step_delay_s=0.1, batch_hold_s=0) as client:
         pool = await jobqueue.open_pool(redis_url)
         try:
@@ -216,6 +217,6 @@ async def test_no_step_waits_for_an_admission_while_an_interactive_request_strea
                     break  # it streams
             response = await client.post("/v1/chat/completions", json=chat_body(max_tokens=2))
             assert response.status_code == 200
-            assert len(recorded.steps_during_first_admission()) >= 3  # its tokens kept coming meanwhile
+            assert len(recorded.steps_during_first_admission()) >= 2  # its tokens kept coming (no 2 s wait)
         finally:
             await pool.aclose()
