@@ -145,6 +145,20 @@ class QueueWorker(Worker):
         self._on_drain()
         self._spawn(self._finish_drain())
 
+    async def close(self) -> None:
+        """arq's close, except that a job task ending cancelled does not make it raise.
+
+        arq cancels the running job tasks and gathers them without ``return_exceptions``:
+        one cancelled before its own handler runs (just claimed, say) re-raised its
+        CancelledError out of ``close``, and the worker's shutdown stopped half-way. Each
+        such job is retried from its queue entry as any job of a stopped worker.
+        """
+        for task in self.tasks.values():
+            task.cancel()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        self.tasks.clear()  # done: arq's own close has nothing left to gather
+        await super().close()
+
     def stop_picking(self) -> None:
         self._draining = True
         self.allow_pick_jobs = False

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
+from arq import func
 from arq.constants import in_progress_key_prefix
 from redis.asyncio import Redis
 
-from shared import keys
+from shared import jobqueue, keys
 from tests.helpers import FAKE_MODEL, chat_body, running_stack, until_running
+from worker.queue_worker import QueueWorker
 
 
 async def test_a_new_job_starts_behind_more_running_jobs_than_arq_reads_per_poll(
@@ -49,3 +51,34 @@ async def test_polls_do_not_recheck_the_jobs_this_worker_runs(redis_url: str, re
 async def _calls(redis: Redis, command: str) -> int:
     stats = await redis.info("commandstats")
     return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+async def test_close_completes_the_shutdown_even_when_a_job_task_ends_cancelled(redis_url: str) -> None:
+    shut_down: list[bool] = []
+
+    async def on_shutdown(ctx: dict[str, object]) -> None:
+        shut_down.append(True)
+
+    async def unused(ctx: dict[str, object]) -> None:
+        pass
+
+    worker = QueueWorker(
+        functions=[func(unused, name="unused")],
+        queue_name="tf:test:close",
+        redis_settings=jobqueue.redis_settings(redis_url),
+        on_shutdown=on_shutdown,
+        wake_channel="tf:test:close:wake",
+        lane=keys.Lane.BATCH,
+        drain_grace_s=1.0,
+        drain_on_signals=False,
+    )
+    main = asyncio.create_task(worker.main())
+    await asyncio.sleep(0.2)
+    # A job task cancelled before a handler of its own runs (as one just claimed is): it ends
+    # in CancelledError, which arq's close gathered and re-raised, cutting the shutdown short.
+    worker.tasks["just-claimed"] = asyncio.create_task(asyncio.sleep(3600))
+    await asyncio.sleep(0)
+    main.cancel()
+    await asyncio.gather(main, return_exceptions=True)
+    await worker.close()
+    assert shut_down == [True]
