@@ -158,17 +158,27 @@ def _usage(finished: Finished) -> ResponseUsage:
 
 
 class ResponseStream:
-    """Turns one response's token events into Responses API stream events, numbered in order."""
+    """Turns one response's token events into Responses API stream events, numbered in order.
 
-    def __init__(self, pending: Response, request_id: str, now: float) -> None:
+    ``starting_after`` replays a stream picked up again: the events up to that number are
+    made (numbering depends only on the token events) but not returned.
+    """
+
+    def __init__(self, pending: Response, request_id: str, now: float, starting_after: int = -1) -> None:
         self._pending = pending
         self._request_id = request_id
         self._item_id = message_id(request_id)
         self._now = now
         self._texts: list[str] = []
         self._sequence = 0
+        self._starting_after = starting_after
 
     def events(self, event: TokenEvent) -> list[BaseModel]:
+        first = self._sequence  # the number of this call's first event
+        made = self._made(event)
+        return made[max(0, self._starting_after + 1 - first) :]
+
+    def _made(self, event: TokenEvent) -> list[BaseModel]:
         if isinstance(event, Accepted):
             return self._opening()
         if isinstance(event, Delta) and event.index == 0 and event.text:

@@ -13,7 +13,6 @@ import time
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel
 from sse_starlette import EventSourceResponse
 
 from gateway import responses_api, sse
@@ -26,7 +25,6 @@ from gateway.tenancy import owned
 from shared import jobqueue, keys
 from shared.errors import InvalidRequest, NotFound
 from shared.ownership import ResourceKind
-from shared.protocol import TokenEvent
 
 router = APIRouter(tags=["responses"])
 # Someone else's id answers 404 before the handler runs (gateway/tenancy.py).
@@ -101,14 +99,10 @@ async def retrieve_response(
         raise InvalidRequest(
             "This response's events are no longer kept; retrieve it without `stream`.", param="stream"
         )
-    replay = responses_api.ResponseStream(responses_api.as_created(response), request_id, time.time())
     after = -1 if starting_after is None else starting_after
-
-    def unseen(event: TokenEvent) -> list[BaseModel]:
-        return [item for item in replay.events(event) if getattr(item, "sequence_number", after + 1) > after]
-
+    replay = responses_api.ResponseStream(responses_api.as_created(response), request_id, time.time(), after)
     watched = dispatcher.watch(request_id)
-    return sse.event_stream(None, watched, unseen, drain_grace_s=get_state(request).drain_grace_s)
+    return sse.event_stream(None, watched, replay.events, drain_grace_s=get_state(request).drain_grace_s)
 
 
 @router.post("/v1/responses/{response_id}/cancel", response_model=Response, dependencies=OWNED_RESPONSE)
