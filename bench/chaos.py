@@ -130,7 +130,7 @@ class Cluster:
             "TOKENFERRY_LOG_LEVEL": "WARNING",
         }
         return subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", *argv, "--redis-url", self.redis.url],
+            [sys.executable, "-m", "cli", *argv, "--redis-url", self.redis.url],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -33,7 +33,7 @@ from bench.servers import RunningServers, running_servers
 from bench.stats import summarize_level
 
 if TYPE_CHECKING:
-    from worker.model_loading import LoadedModel
+    from worker.model.loading import LoadedModel
 
 _WARM_UP_TIMEOUT_S = 300.0
 _CAPTURE: dict[str, Any] = {

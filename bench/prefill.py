@@ -37,7 +37,7 @@ from bench.stats import RequestRecord, percentile
 if TYPE_CHECKING:
     from worker.engine import EngineRequest
     from worker.engine.hf import TransformersEngine
-    from worker.model_loading import LoadedModel
+    from worker.model.loading import LoadedModel
 
 
 def _first_token_s(batched: TransformersEngine, request: EngineRequest) -> float | None:

@@ -6,7 +6,7 @@ template's start (SmolLM2's default system prompt, ~24 tokens), as every chat
 request to this model does: the worker's prefix cache reuses it, as vLLM's and
 SGLang's do, while the transformers references recompute it. To measure
 without it: ``--worker-arg=--prefix-cache-tokens=0``. The
-references render them exactly as the worker does (``worker/admission.py``):
+references render them exactly as the worker does (``worker/requests/preparation.py``):
 chat template as text, then ``encode(add_special_tokens=False)``.
 """
 

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from worker.engine import EngineRequest
     from worker.engine.hf import TransformersEngine
-    from worker.model_loading import LoadedModel
+    from worker.model.loading import LoadedModel
 
 
 def load_reference_model() -> LoadedModel:
@@ -52,7 +52,7 @@ def load_reference_model() -> LoadedModel:
     from transformers.utils import logging as hf_logging
 
     from shared.settings import WorkerSettings
-    from worker.model_loading import load_model
+    from worker.model.loading import load_model
 
     hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # transformers leaves it untyped
     hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
@@ -63,9 +63,9 @@ def load_reference_model() -> LoadedModel:
 
 def load_engine_model() -> LoadedModel:
     """Another copy of the model, set up as the worker sets it up: Linear layers packed for oneDNN
-    (``worker.onednn_linear``) when the worker's settings ask for it and the model allows it."""
+    (``worker.model.onednn_linear``) when the worker's settings ask for it and the model allows it."""
     from shared.settings import WorkerSettings
-    from worker.onednn_linear import can_pack, pack_linear_layers
+    from worker.model.onednn_linear import can_pack, pack_linear_layers
 
     loaded = load_reference_model()
     if WorkerSettings().onednn_linear and can_pack(loaded.model):

@@ -1,6 +1,6 @@
 """Owns the server processes under test: a private Redis, one worker and one gateway, always stopped.
 
-They are the production entry points (``python -m shared.cli worker|gateway``),
+They are the production entry points (``python -m cli worker|gateway``),
 started as tests/e2e/conftest.py starts them. Each child gets its own session
 (``start_new_session``) so a Ctrl-C reaches only the benchmark, which then stops
 the gateway and worker (SIGTERM, SIGKILL after a grace period) and Redis, in
@@ -45,7 +45,7 @@ def _spawn(role: str, argv: Sequence[str], logs_dir: Path) -> subprocess.Popen[b
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     with open(logs_dir / f"{role}.log", "wb") as log:  # the child keeps its own descriptor
         return subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", role, *argv],
+            [sys.executable, "-m", "cli", role, *argv],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,

@@ -27,12 +27,12 @@
 | tf:lease:{kind}:{id}         | string | runner  | runner          | RUNNER_LEASE_S, renewed while held   |
 | tf:response:{response_id}    | hash   | gateway | gateway, runner | window + retention; retention at end |
 
-"runner" is ``gateway/runner.py`` (each gateway runs one); ``*``: set, hash or lists.
+"runner" is ``gateway/background/runner.py`` (each gateway runs one); ``*``: set, hash or lists.
 
-"keys" is ``shared/apikeys.py``, called by ``tokenferry keys`` and ``/admin/keys``.
+"keys" is ``shared/access/apikeys.py``, called by ``tokenferry keys`` and ``/admin/keys``.
 
 arq's own keys (``arq:job:*``, ``arq:in-progress:*``, ``arq:abort``) are named by arq;
-only ``shared/jobqueue.py`` and ``worker/jobs.py`` touch them.
+only ``shared/jobs/jobqueue.py`` and ``worker/queue/jobs.py`` touch them.
 """
 
 from __future__ import annotations
@@ -146,7 +146,7 @@ def attempt_job_id(request_id: str, attempt: int) -> str:
     return request_id if attempt == 0 else f"{request_id}~{attempt}"
 
 
-# Batches, files and background responses (gateway/batch_*.py, gateway/files.py).
+# Batches, files and background responses (gateway/batch_*.py, gateway/batches/files.py).
 # A runner that stops renewing its lease (a dead gateway) loses its work this soon.
 RUNNER_LEASE_S = 10
 

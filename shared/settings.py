@@ -1,7 +1,7 @@
 """Owns configuration: gateway and worker settings, their sources and their precedence.
 
 Precedence, highest first, written once here:
-  1. the request's own fields (applied by the worker, see ``worker/params.py``)
+  1. the request's own fields (applied by the worker, see ``worker/requests/params.py``)
   2. command-line flags (passed to the settings as init values)
   3. ``TOKENFERRY_*`` environment variables (``__`` separates nested keys)
   4. the YAML file named by ``--config`` / ``TOKENFERRY_CONFIG``
@@ -27,7 +27,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-from shared.apikeys import configured_hash
+from shared.access.apikeys import configured_hash
 from shared.protocol import SamplingSpec
 
 BUNDLED_MODEL = "SmolLM2-135M-Instruct"

@@ -12,11 +12,11 @@ from typing import Any
 import httpx
 from redis.asyncio import Redis
 
-from gateway.app import create_app
+from gateway.http.app import create_app
 from shared import keys
+from shared.jobs.streams import EventReader
 from shared.protocol import TokenEvent
 from shared.settings import GatewaySettings, WorkerSettings
-from shared.streams import EventReader
 from worker.main import build_worker
 
 FAKE_MODEL = "fake-model"

@@ -26,7 +26,7 @@ START_TIMEOUT_S = 60.0
 
 def _spawn(log: IO[bytes], *argv: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", *argv, "--log-level", "WARNING"],
+        [sys.executable, "-m", "cli", *argv, "--log-level", "WARNING"],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},

@@ -51,7 +51,7 @@ def stop_all(processes: list[subprocess.Popen[bytes]], timeout_s: float = 30.0) 
 def spawn_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """``tokenferry <argv>`` as a child process, its output captured."""
     return subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", *argv],
+        [sys.executable, "-m", "cli", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},

@@ -19,22 +19,23 @@ from typing import Any, cast
 from arq.worker import Worker, func
 from redis.asyncio import Redis
 
-from shared import jobqueue, keys, registry
+from shared import keys, registry
 from shared.codec import deserialize_arq_job, serialize_arq_job
+from shared.jobs import jobqueue
+from shared.jobs.streams import EventWriter
 from shared.settings import WorkerSettings
-from shared.streams import EventWriter
-from worker.admission import admit
-from worker.driver import EngineDriver
+from worker.driver.engine_driver import EngineDriver
+from worker.driver.lifecycle import JobLifecycle
 from worker.engine import Engine
-from worker.jobs import GENERATE_MAX_TRIES, WorkerContext, generate, install_log_redaction, tokenize
-from worker.lifecycle import JobLifecycle
 from worker.metrics import MetricsServer, WorkerMetrics
-from worker.params import DefaultLayers, ModelLimits, spec_from_generation_config
-from worker.presence import Presence
-from worker.queue_worker import QueueWorker
-from worker.reaper import Reaper
-from worker.tokenization import Tokenizer
-from worker.tokenize_requests import TokenizeService
+from worker.queue.consumer import QueueWorker
+from worker.queue.jobs import GENERATE_MAX_TRIES, WorkerContext, generate, install_log_redaction, tokenize
+from worker.queue.presence import Presence
+from worker.queue.reaper import Reaper
+from worker.requests.params import DefaultLayers, ModelLimits, spec_from_generation_config
+from worker.requests.preparation import admit
+from worker.requests.tokenization import Tokenizer
+from worker.requests.tokenize_replies import TokenizeService
 
 logger = logging.getLogger(__name__)
 
@@ -79,9 +80,9 @@ def _load_transformers_backend(settings: WorkerSettings) -> Backend:
     # Imported here so fake-engine workers (tests, load tests) never pay for torch.
     import torch
 
-    from worker.model_loading import load_model
-    from worker.onednn_linear import can_pack, pack_linear_layers
-    from worker.tokenization import HFTokenizer, load_chat_template
+    from worker.model.loading import load_model
+    from worker.model.onednn_linear import can_pack, pack_linear_layers
+    from worker.requests.tokenization import HFTokenizer, load_chat_template
 
     loaded = load_model(settings)
     # torch's default is one thread per core. Leaving a core to the event loop, Redis and the

@@ -75,7 +75,7 @@ def plan(args: argparse.Namespace, run_dir: Path, nginx_binary: Path) -> Plan:
     redis_port = free_port()
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     gateway_ports = [free_port() for _ in range(args.gateways)]
-    tokenferry = [sys.executable, "-m", "shared.cli"]
+    tokenferry = [sys.executable, "-m", "cli"]
     worker_flags = [
         part
         for name in ("engine", "model")

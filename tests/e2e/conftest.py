@@ -26,7 +26,7 @@ def _spawn(role: str, *argv: str, log_path: str) -> subprocess.Popen[bytes]:
     log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     return subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", role, *argv], stdout=log, stderr=log, env=env
+        [sys.executable, "-m", "cli", role, *argv], stdout=log, stderr=log, env=env
     )
 
 

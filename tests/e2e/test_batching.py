@@ -15,7 +15,7 @@ from worker.engine.hf import TransformersEngine
 from worker.engine.scheduler import BatchLimits
 
 if TYPE_CHECKING:
-    from worker.model_loading import LoadedModel
+    from worker.model.loading import LoadedModel
 
 # Generous: these run the real model on 2 busy cores.
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -34,7 +34,7 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def loaded() -> LoadedModel:
-    from worker.model_loading import load_model
+    from worker.model.loading import load_model
 
     return load_model(WorkerSettings())
 

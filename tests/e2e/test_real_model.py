@@ -84,7 +84,7 @@ def test_cli_complete_prints_a_streamed_answer(gateway_url: str) -> None:
         [
             sys.executable,
             "-m",
-            "shared.cli",
+            "cli",
             "complete",
             "The capital of France is",
             "--base-url",
@@ -105,7 +105,7 @@ def test_cli_complete_prints_a_streamed_answer(gateway_url: str) -> None:
 
 def test_cli_chat_answers_a_question_from_stdin(gateway_url: str) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "chat", "--base-url", f"{gateway_url}/v1", "--max-tokens", "20"],
+        [sys.executable, "-m", "cli", "chat", "--base-url", f"{gateway_url}/v1", "--max-tokens", "20"],
         input="What is the capital of France?\n/exit\n",
         capture_output=True,
         text=True,

@@ -5,8 +5,8 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from shared.errors import WorkerFailed
+from shared.jobs.streams import EventWriter, ended_requests
 from shared.protocol import Accepted, Delta, Failed, Finished, FinishReason, Usage
-from shared.streams import EventWriter, ended_requests
 
 
 async def test_only_streams_ending_with_finished_or_failed_count_as_ended(redis: Redis) -> None:

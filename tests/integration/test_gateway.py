@@ -26,15 +26,16 @@ from fastapi import FastAPI
 from redis.asyncio import Redis
 from starlette.types import Message
 
-from gateway.app import create_app
-from shared import jobqueue, keys, registry
+from gateway.http.app import create_app
+from shared import keys, registry
 from shared.codec import decode_job, deserialize_arq_job, serialize_arq_job
 from shared.errors import ContextLengthExceeded, WorkerFailed
+from shared.jobs import jobqueue
+from shared.jobs.streams import EventWriter
 from shared.protocol import Accepted, Delta, Failed, Finished, FinishReason, GenerationJob, TokenEvent, Usage
 from shared.redis_server import EmbeddedRedis
 from shared.registry import WorkerInfo
 from shared.settings import GatewaySettings
-from shared.streams import EventWriter
 
 MODEL = "scripted-model"
 BASE_URL = "http://gateway"

@@ -8,8 +8,9 @@ import time
 from arq.jobs import Job
 from redis.asyncio import Redis
 
-from shared import jobqueue, keys
+from shared import keys
 from shared.codec import decode_job
+from shared.jobs import jobqueue
 from shared.protocol import ChatMessage, ChatPrompt, GenerationJob, SamplingSpec
 from tests.helpers import FAKE_MODEL
 

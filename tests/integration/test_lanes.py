@@ -10,15 +10,16 @@ from typing import Literal
 import pytest
 from redis.asyncio import Redis
 
-from shared import jobqueue, keys
+from shared import keys
+from shared.jobs import jobqueue
+from shared.jobs.streams import EventReader
 from shared.protocol import ChatMessage, ChatPrompt, Delta, GenerationJob, SamplingSpec
 from shared.settings import WorkerSettings
-from shared.streams import EventReader
 from tests.helpers import FAKE_MODEL, all_events, chat_body, running_stack, until_running
-from worker import driver
+from worker.driver import engine_driver
+from worker.driver.lifecycle import JobLifecycle, StartedJob
 from worker.engine import SequenceUpdate
 from worker.engine.fake import FakeEngine
-from worker.lifecycle import JobLifecycle, StartedJob
 
 
 def _job(request_id: str, max_tokens: int, lane: Literal["interactive", "batch"]) -> GenerationJob:
@@ -109,7 +110,7 @@ def _stream_position(entry_id: str) -> tuple[int, int]:
 async def test_batch_lane_tokens_wait_while_an_interactive_request_is_starting_and_none_is_lost(
     redis_url: str, redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(driver, "_MAX_DEFERRED_STEPS", 1000)  # its bound is not what this checks
+    monkeypatch.setattr(engine_driver, "_MAX_DEFERRED_STEPS", 1000)  # its bound is not what this checks
     async with running_stack(redis_url, max_batch_size=4, fake_step_delay_s=0.1, batch_hold_s=0) as client:
         pool = await jobqueue.open_pool(redis_url)
         try:
@@ -181,7 +182,7 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> _Recorded:
 
     monkeypatch.setattr(FakeEngine, "step", recorded_step)
     monkeypatch.setattr(JobLifecycle, "start", slow_start)
-    monkeypatch.setattr(driver, "_ADMISSION_WAIT_S", 2.0)  # the admission is made slower too
+    monkeypatch.setattr(engine_driver, "_ADMISSION_WAIT_S", 2.0)  # the admission is made slower too
     return record
 
 

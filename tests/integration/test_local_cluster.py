@@ -89,8 +89,8 @@ def test_cluster_runs_the_deployment_topology(cluster: Cluster) -> None:
         role: sum(1 for command in commands if needle in command)
         for role, needle in {
             "redis": "redis-server",
-            "gateway": "shared.cli gateway",
-            "worker": "shared.cli worker",
+            "gateway": "cli gateway",
+            "worker": "cli worker",
             "nginx": "nginx: master",
         }.items()
     }

@@ -9,7 +9,7 @@ from collections.abc import Callable
 import httpx
 from redis.asyncio import Redis
 
-from gateway.app import create_app
+from gateway.http.app import create_app
 from shared import keys, registry
 from shared.redis_server import free_port
 from shared.settings import GatewaySettings

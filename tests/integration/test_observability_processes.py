@@ -37,7 +37,7 @@ class JsonStack:
 def _spawn(log: Path, *argv: str) -> subprocess.Popen[bytes]:
     with log.open("wb") as sink:
         return subprocess.Popen(
-            [sys.executable, "-m", "shared.cli", *argv],
+            [sys.executable, "-m", "cli", *argv],
             stdout=sink,
             stderr=subprocess.STDOUT,
             env={**os.environ, "HF_HUB_OFFLINE": "1"},
@@ -128,7 +128,7 @@ async def test_the_worker_serves_metrics_on_its_port(json_stack: JsonStack) -> N
 
 def test_status_once_prints_the_live_worker_and_its_queues(json_stack: JsonStack) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "status", "--once", "--redis-url", json_stack.redis_url],
+        [sys.executable, "-m", "cli", "status", "--once", "--redis-url", json_stack.redis_url],
         capture_output=True,
         text=True,
         timeout=30,
@@ -145,7 +145,7 @@ def test_status_once_prints_the_live_worker_and_its_queues(json_stack: JsonStack
 def test_status_once_fails_clearly_without_redis() -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
     result = subprocess.run(
-        [sys.executable, "-m", "shared.cli", "status", "--once", "--redis-url", url],
+        [sys.executable, "-m", "cli", "status", "--once", "--redis-url", url],
         capture_output=True,
         text=True,
         timeout=30,

@@ -11,7 +11,7 @@ import httpx
 from dirty_equals import IsStr
 from redis.asyncio import Redis
 
-from gateway.app import create_app
+from gateway.http.app import create_app
 from shared import __version__
 from shared.protocol import PROTOCOL_VERSION
 from shared.redis_server import EmbeddedRedis

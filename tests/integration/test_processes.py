@@ -25,7 +25,7 @@ START_TIMEOUT_S = 60.0
 
 def _spawn(*argv: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "shared.cli", *argv],
+        [sys.executable, "-m", "cli", *argv],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env={**os.environ, "HF_HUB_OFFLINE": "1"},

@@ -8,9 +8,10 @@ from arq import func
 from arq.constants import in_progress_key_prefix
 from redis.asyncio import Redis
 
-from shared import jobqueue, keys
+from shared import keys
+from shared.jobs import jobqueue
 from tests.helpers import FAKE_MODEL, chat_body, running_stack, until_running
-from worker.queue_worker import QueueWorker
+from worker.queue.consumer import QueueWorker
 
 
 async def test_a_new_job_starts_behind_more_running_jobs_than_arq_reads_per_poll(

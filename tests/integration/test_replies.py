@@ -6,7 +6,7 @@ import asyncio
 
 from redis.asyncio import Redis
 
-from shared import jobqueue, replies
+from shared.jobs import jobqueue, replies
 from shared.protocol import Tokenized
 
 

@@ -16,12 +16,12 @@ from dirty_equals import IsInt, IsStr
 from fastapi import Depends
 from redis.asyncio import Redis
 
-from gateway.app import create_app
-from gateway.deps import guard_request
-from gateway.tenancy import owned
-from shared import apikeys, ownership
-from shared.cli import main as cli_main
-from shared.ownership import ResourceKind
+from cli import main as cli_main
+from gateway.access.ownership import owned
+from gateway.http.app import create_app
+from gateway.http.deps import guard_request
+from shared.access import apikeys, ownership
+from shared.access.ownership import ResourceKind
 from shared.settings import GatewaySettings
 from tests.helpers import FAKE_MODEL, chat_body, running_stack
 

@@ -9,8 +9,8 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from shared import keys
+from shared.jobs.streams import EventWriter
 from shared.protocol import Accepted
-from shared.streams import EventWriter
 from tests.helpers import FAKE_MODEL, chat_body, running_stack
 
 

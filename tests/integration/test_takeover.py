@@ -7,11 +7,11 @@ import time
 from arq.constants import in_progress_key_prefix
 from redis.asyncio import Redis
 
-from shared import jobqueue
+from shared.jobs import jobqueue
+from shared.jobs.streams import EventReader
 from shared.protocol import ChatMessage, ChatPrompt, GenerationJob, SamplingSpec
-from shared.streams import EventReader
 from tests.helpers import FAKE_MODEL, running_stack
-from worker.reaper import UNCLAIMED_GRACE_S, Reaper
+from worker.queue.reaper import UNCLAIMED_GRACE_S, Reaper
 
 
 async def test_a_job_picked_but_never_claimed_is_released_and_then_runs(redis_url: str, redis: Redis) -> None:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from gateway.batch_lines import InvalidBatchFile, expired_line, line_jobs, output_line, parse_input
-from shared.cli.batch import progress_line
+from cli.batch import progress_line
+from gateway.batches.lines import InvalidBatchFile, expired_line, line_jobs, output_line, parse_input
 from shared.errors import ContextLengthExceeded
 from shared.protocol import Accepted, ChoiceFinished, Delta, Failed, Finished, FinishReason, Usage
 

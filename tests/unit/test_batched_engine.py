@@ -9,10 +9,10 @@ from transformers import LlamaForCausalLM
 
 from shared.protocol import FinishReason
 from tests.engines import batched_engine, request, run_to_end, tiny_llama
-from worker.admission import BATCH_PRIORITY, INTERACTIVE_PRIORITY
 from worker.engine import EngineRequest, SamplingParams, SequenceUpdate, TokenScore
 from worker.engine.hf import TransformersEngine
 from worker.engine.sequential import SequentialEngine
+from worker.requests.preparation import BATCH_PRIORITY, INTERACTIVE_PRIORITY
 
 PROMPTS = {"a": [5, 6, 7], "b": [9, 10, 11, 12, 13, 14, 15, 16, 17], "c": [20], "d": [30, 31, 32, 33, 34]}
 

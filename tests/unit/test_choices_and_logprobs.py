@@ -7,10 +7,10 @@ import torch
 
 from shared.protocol import ChoiceFinished, Delta, Finished, FinishReason
 from tests.engines import batched_engine, request, run_to_end, tiny_llama
-from worker.choices import RequestChoices, choice_requests
 from worker.engine import EngineRequest, SamplingParams, SequenceUpdate
 from worker.engine.fake import ByteTokenizer, FakeEngine, fake_score
 from worker.engine.sequential import SequentialEngine
+from worker.requests.choices import RequestChoices, choice_requests
 
 
 def updates_of(engine: FakeEngine | object, requests: list[EngineRequest]) -> list[SequenceUpdate]:

@@ -16,7 +16,7 @@ import pytest
 from shared.errors import InvalidRequest
 from shared.protocol import ChatMessage
 from worker.engine.fake import ByteTokenizer
-from worker.tokenization import (
+from worker.requests.tokenization import (
     FALLBACK_CHAT_TEMPLATE,
     HFTokenizer,
     IncrementalDetokenizer,

@@ -7,7 +7,7 @@ import pytest
 from shared.protocol import FinishReason
 from worker.engine import Engine, EngineRequest, SamplingParams, SequenceUpdate
 from worker.engine.fake import EOS_TOKEN_ID, ByteTokenizer, FakeEngine
-from worker.tokenization import Tokenizer
+from worker.requests.tokenization import Tokenizer
 
 SCRIPT = "héllo"  # 6 bytes: the é is two tokens
 SCRIPT_IDS = list(SCRIPT.encode())

@@ -13,9 +13,9 @@ from dirty_equals import IsStr
 from fastapi import FastAPI
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from gateway.app import build_state, create_app
-from gateway.dispatch import Dispatcher
-from gateway.errors import error_response, to_domain_error
+from gateway.dispatch.dispatcher import Dispatcher
+from gateway.http.app import build_state, create_app
+from gateway.http.errors import error_response, to_domain_error
 from shared.errors import ContextLengthExceeded, Overloaded, TokenferryError, error_from_info
 from shared.settings import GatewaySettings
 

@@ -9,7 +9,7 @@ import httpx
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from gateway.metrics import GatewayMetrics, RequestMetricsMiddleware, note_event, note_model
+from gateway.ops.metrics import GatewayMetrics, RequestMetricsMiddleware, note_event, note_model
 from shared.protocol import Delta, Finished, FinishReason, Usage
 from tests.scrape import Scrape
 

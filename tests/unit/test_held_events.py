@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from shared.protocol import ChoiceFinished, Delta, Finished, FinishReason, TokenLogprob, Usage
-from worker.held_events import HeldEvents, merged
+from worker.driver.held_events import HeldEvents, merged
 
 
 class _Clock:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from worker.interactive_starts import InteractiveStarts
+from worker.driver.interactive_starts import InteractiveStarts
 
 
 def test_the_callback_runs_when_the_last_starting_request_has_its_first_token() -> None:

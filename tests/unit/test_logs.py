@@ -9,7 +9,7 @@ from shared.logs import JsonFormatter, RequestIdFilter, request_context
 
 
 def _record(message: str, *args: object) -> logging.LogRecord:
-    record = logging.LogRecord("worker.jobs", logging.INFO, __file__, 1, message, args, None)
+    record = logging.LogRecord("worker.queue.jobs", logging.INFO, __file__, 1, message, args, None)
     RequestIdFilter().filter(record)
     return record
 
@@ -21,7 +21,7 @@ def test_a_json_line_carries_the_request_id_and_process_fields() -> None:
     assert line == {
         "ts": line["ts"],
         "level": "INFO",
-        "logger": "worker.jobs",
+        "logger": "worker.queue.jobs",
         "message": "finished stop",
         "request_id": "req-123",
         "process": "worker",

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from shared.settings import BUNDLED_MODEL
-from worker.model_source import BUNDLED_GGUF, ModelLoadError, ModelSource, resolve_source
+from worker.model.sources import BUNDLED_GGUF, ModelLoadError, ModelSource, resolve_source
 
 
 def test_bundled_default_resolves_to_the_packaged_gguf() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from worker.onednn_linear import PackedLinear, can_pack, pack_linear_layers
+from worker.model.onednn_linear import PackedLinear, can_pack, pack_linear_layers
 
 
 class _Custom(nn.Linear):

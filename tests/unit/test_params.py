@@ -8,7 +8,7 @@ from shared.errors import ContextLengthExceeded, InvalidRequest
 from shared.protocol import SamplingSpec
 from shared.settings import WorkerSettings
 from worker.engine import EngineRequest
-from worker.params import (
+from worker.requests.params import (
     DefaultLayers,
     ModelLimits,
     build_engine_request,

@@ -96,7 +96,7 @@ def test_unknown_error_info_keeps_its_status_and_code() -> None:
 def test_arq_job_start_line_does_not_log_prompt_text() -> None:
     import logging
 
-    from worker.jobs import RedactJobArguments
+    from worker.queue.jobs import RedactJobArguments
 
     record = logging.LogRecord(
         "arq.worker",

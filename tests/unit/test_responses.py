@@ -6,9 +6,10 @@ from typing import Any
 
 import pytest
 
-from gateway import fanout, responses, translate
-from gateway.openai_schema import ChatCompletionRequest, CompletionRequest
-from gateway.tokenize_schema import DetokenizeRequest, TokenizeRequest
+from gateway.dispatch import fanout
+from gateway.openai import render, translate
+from gateway.openai.schema import ChatCompletionRequest, CompletionRequest
+from gateway.tokenize.schema import DetokenizeRequest, TokenizeRequest
 from shared.errors import InvalidRequest
 from shared.protocol import (
     Accepted,
@@ -138,7 +139,7 @@ def test_tokenize_requests_become_jobs_with_vllm_special_token_defaults() -> Non
 
 def test_n_choices_fold_with_their_own_text_and_finish_reason() -> None:
     meta = translate.chat_meta(chat(n=2), RID, CREATED)
-    completion_object = responses.chat_completion(meta, two_choices())
+    completion_object = render.chat_completion(meta, two_choices())
     assert [(c.index, c.message.content, c.finish_reason) for c in completion_object.choices] == [
         (0, "ac", "length"),
         (1, "b", "stop"),
@@ -153,7 +154,7 @@ def test_chat_logprobs_have_openai_shape() -> None:
         ChoiceFinished(index=0, finish_reason=FinishReason.STOP, completion_tokens=1),
         Finished(finish_reason=FinishReason.STOP, usage=Usage(prompt_tokens=1, completion_tokens=1)),
     ]
-    choice = responses.chat_completion(translate.chat_meta(chat(), RID, CREATED), events).choices[0]
+    choice = render.chat_completion(translate.chat_meta(chat(), RID, CREATED), events).choices[0]
     assert choice.model_dump(mode="json")["logprobs"] == {
         "content": [
             {
@@ -183,7 +184,7 @@ def test_completion_logprobs_with_echo_start_with_the_prompt() -> None:
         Finished(finish_reason=FinishReason.LENGTH, usage=Usage(prompt_tokens=2, completion_tokens=2)),
     ]
     meta = translate.completion_meta(completion(prompt="On", echo=True, logprobs=1), RID, CREATED)
-    choice = responses.text_completion(meta, [events]).choices[0]
+    choice = render.text_completion(meta, [events]).choices[0]
     assert choice.text == "One!"
     assert choice.model_dump(mode="json")["logprobs"] == {
         "text_offset": [0, 1, 2, 3],
@@ -197,7 +198,7 @@ def test_streamed_completion_defers_the_echo_to_its_logprobs_and_keeps_offsets_r
     meta = translate.completion_meta(
         completion(prompt="On", echo=True, logprobs=0, stream=True), RID, CREATED
     )
-    stream = responses.CompletionStream(meta)
+    stream = render.CompletionStream(meta)
     prompt_logprobs = [PromptLogprob(token_id=79, token="O", logprob=None)]
     assert stream.chunks(Accepted(prompt_tokens=1, worker_id="w", prompt_text="O")) == []
     first = stream.chunks(
@@ -211,7 +212,7 @@ def test_streamed_completion_defers_the_echo_to_its_logprobs_and_keeps_offsets_r
 
 def test_streamed_chat_with_n_sends_a_role_and_a_finish_per_choice_then_usage_once() -> None:
     meta = translate.chat_meta(chat(n=2, stream=True, stream_options={"include_usage": True}), RID, CREATED)
-    stream = responses.ChatStream(meta)
+    stream = render.ChatStream(meta)
     chunks = [chunk for event in two_choices() for chunk in stream.chunks(event)]
     roles = [c.choices[0].index for c in chunks if c.choices and c.choices[0].delta.role == "assistant"]
     finishes = [
@@ -222,7 +223,7 @@ def test_streamed_chat_with_n_sends_a_role_and_a_finish_per_choice_then_usage_on
     assert roles == [0, 1]
     assert finishes == [(1, "stop"), (0, "length")]
     assert [c.usage for c in chunks if not c.choices] == [
-        responses.Usage(prompt_tokens=3, completion_tokens=3, total_tokens=6)
+        render.Usage(prompt_tokens=3, completion_tokens=3, total_tokens=6)
     ]
 
 
@@ -232,7 +233,7 @@ def test_prompt_list_indexes_choices_by_prompt_and_sums_usage() -> None:
         fanout.reindexed(event, 2) if isinstance(event, Delta | ChoiceFinished) else event
         for event in two_choices()
     ]
-    answer = responses.text_completion(meta, [two_choices(), two_choices()])
+    answer = render.text_completion(meta, [two_choices(), two_choices()])
     assert [choice.index for choice in answer.choices] == [0, 1, 2, 3]
     assert answer.usage.prompt_tokens == 6 and answer.usage.completion_tokens == 6
     assert [event.index for event in second if isinstance(event, Delta)] == [2, 3, 2]
@@ -240,7 +241,7 @@ def test_prompt_list_indexes_choices_by_prompt_and_sums_usage() -> None:
 
 def test_streamed_prompt_list_ends_with_one_usage_after_every_prompt() -> None:
     request = completion(prompt=["a", "b"], stream=True, stream_options={"include_usage": True}, echo=True)
-    stream = responses.CompletionStream(translate.completion_meta(request, RID, CREATED))
+    stream = render.CompletionStream(translate.completion_meta(request, RID, CREATED))
     events: list[TokenEvent] = [
         Accepted(prompt_tokens=1, worker_id="w", prompt_text="a"),
         Accepted(prompt_tokens=1, worker_id="w", prompt_text="b"),
@@ -254,5 +255,5 @@ def test_streamed_prompt_list_ends_with_one_usage_after_every_prompt() -> None:
     texts = [(c.choices[0].index, c.choices[0].text) for c in chunks if c.choices and c.choices[0].text]
     assert texts == [(0, "a"), (1, "b"), (1, "x")]
     assert [c.usage for c in chunks if not c.choices] == [
-        responses.Usage(prompt_tokens=2, completion_tokens=1, total_tokens=3)
+        render.Usage(prompt_tokens=2, completion_tokens=1, total_tokens=3)
     ]

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.responses_api import ResponseStream, finished_response, pending_response, response_job
-from gateway.responses_schema import ResponseCreateRequest
+from gateway.responses_api.schema import ResponseCreateRequest
+from gateway.responses_api.translate import ResponseStream, finished_response, pending_response, response_job
 from shared.errors import InvalidRequest
 from shared.protocol import Accepted, ChatMessage, Delta, Failed, Finished, FinishReason, Usage
 

@@ -11,14 +11,14 @@ import pytest
 from dirty_equals import IsStr
 from redis.asyncio import Redis
 
-from gateway.admission import capped, estimated_tokens
-from gateway.auth import ANONYMOUS, Authenticator, Limits, bearer_secret, find_static, static_keys
-from gateway.ratelimits import Resource, duration_text, rate_limit_headers, refusal
-from shared import apikeys
+from gateway.access.auth import ANONYMOUS, Authenticator, Limits, bearer_secret, find_static, static_keys
+from gateway.access.quota import capped, estimated_tokens
+from gateway.access.rate_limits import Resource, duration_text, rate_limit_headers, refusal
+from shared.access import apikeys
+from shared.access.token_buckets import BucketState
 from shared.errors import InvalidRequest, RequestRateLimited, TokenRateLimited, Unauthorized
-from shared.jobqueue import redacted_url, redis_settings
+from shared.jobs.jobqueue import redacted_url, redis_settings
 from shared.protocol import ChatMessage, ChatPrompt, GenerationJob, SamplingSpec, TextPrompt, TokenPrompt
-from shared.ratelimit import BucketState
 from shared.settings import GatewaySettings
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.cli.status import redact, render
+from cli.status import redact, render
 from shared.cluster import ClusterSnapshot, QueueDepth
 from shared.keys import Lane
 from shared.registry import WorkerInfo, WorkerLoad

@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from worker.stopping import StopMatcher, StopResult
+from worker.requests.stopping import StopMatcher, StopResult
 
 
 def feed_all(matcher: StopMatcher, pieces: Sequence[str]) -> tuple[str, str | None]:

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway import tgi_translate
-from gateway.tgi_schema import CompatGenerateRequest, GenerateRequest
+from gateway.tgi import translate
+from gateway.tgi.schema import CompatGenerateRequest, GenerateRequest
 from shared.errors import ContextLengthExceeded, Overloaded, WorkerFailed
 from shared.protocol import (
     Accepted,
@@ -41,7 +41,7 @@ def events(
 
 
 def stream(body: GenerateRequest, items: list[TokenEvent]) -> list[dict[str, Any]]:
-    folder = tgi_translate.TgiStream(body)
+    folder = translate.TgiStream(body)
     return [response.model_dump() for event in items for response in folder.feed(event)]
 
 
@@ -49,7 +49,7 @@ def stream(body: GenerateRequest, items: list[TokenEvent]) -> list[dict[str, Any
 
 
 def test_parameters_present_without_sampling_hints_decode_greedily() -> None:
-    job = tgi_translate.generate_job(
+    job = translate.generate_job(
         request(max_new_tokens=5, stop=["\n"]), "m", REQUEST_ID, 1.0, stream=False
     )
 
@@ -61,21 +61,21 @@ def test_parameters_present_without_sampling_hints_decode_greedily() -> None:
 def test_parameters_absent_sample_at_temperature_one_like_tgi() -> None:
     body = GenerateRequest.model_validate({"inputs": "Hi"})
 
-    assert tgi_translate.generate_job(body, "m", REQUEST_ID, 1.0, stream=False).sampling == SamplingSpec(
+    assert translate.generate_job(body, "m", REQUEST_ID, 1.0, stream=False).sampling == SamplingSpec(
         temperature=1.0
     )
 
 
 @pytest.mark.parametrize("hint", [{"top_k": 5}, {"top_p": 0.9}, {"typical_p": 0.5}, {"do_sample": True}])
 def test_any_warper_turns_sampling_on(hint: dict[str, Any]) -> None:
-    assert tgi_translate.sampling(request(**hint).parameters or pytest.fail()).temperature == 1.0
+    assert translate.sampling(request(**hint).parameters or pytest.fail()).temperature == 1.0
 
 
 def test_streams_and_details_ask_the_worker_for_logprobs() -> None:
-    assert tgi_translate.generate_job(request(), "m", REQUEST_ID, 1.0, stream=True).logprobs == 0
-    assert tgi_translate.generate_job(request(details=True), "m", REQUEST_ID, 1.0, stream=False).logprobs == 0
+    assert translate.generate_job(request(), "m", REQUEST_ID, 1.0, stream=True).logprobs == 0
+    assert translate.generate_job(request(details=True), "m", REQUEST_ID, 1.0, stream=False).logprobs == 0
     assert (
-        tgi_translate.generate_job(request(top_n_tokens=3), "m", REQUEST_ID, 1.0, stream=True).logprobs == 3
+        translate.generate_job(request(top_n_tokens=3), "m", REQUEST_ID, 1.0, stream=True).logprobs == 3
     )
 
 
@@ -114,7 +114,7 @@ def test_empty_inputs_are_refused() -> None:
 
 
 def test_plain_answer_is_just_the_text() -> None:
-    response = tgi_translate.generate_response(request(), events("Hel", "lo"))
+    response = translate.generate_response(request(), events("Hel", "lo"))
 
     assert response.model_dump() == {"generated_text": "Hello"}
 
@@ -122,7 +122,7 @@ def test_plain_answer_is_just_the_text() -> None:
 def test_details_list_tokens_finish_reason_and_seed() -> None:
     body = request(details=True, seed=7, return_full_text=True)
 
-    response = tgi_translate.generate_response(body, events("Hel", "lo", stop="!", reason=FinishReason.STOP))
+    response = translate.generate_response(body, events("Hel", "lo", stop="!", reason=FinishReason.STOP))
 
     assert response.model_dump() == {
         "generated_text": "Once uponHello",
@@ -152,7 +152,7 @@ def test_finish_reasons_use_tgi_names(reason: FinishReason, stop: str | None, ex
         finish_reason=reason, usage=Usage(prompt_tokens=1, completion_tokens=1), stop_sequence=stop
     )
 
-    assert tgi_translate.finish_reason(finished) == expected
+    assert translate.finish_reason(finished) == expected
 
 
 def test_a_delta_completing_several_tokens_puts_its_text_on_the_last_with_logprobs() -> None:
@@ -164,7 +164,7 @@ def test_a_delta_completing_several_tokens_puts_its_text_on_the_last_with_logpro
     ]
     delta = Delta(text="é", token_ids=[195, 169], logprobs=logprobs)
 
-    tokens = tgi_translate.delta_tokens(delta)
+    tokens = translate.delta_tokens(delta)
 
     assert [(token.model_dump(), [alt.id for alt in top]) for token, top in tokens] == [
         ({"id": 195, "text": "", "logprob": -0.5, "special": False}, [1]),
@@ -229,7 +229,7 @@ def test_info_reports_the_smallest_context_of_the_serving_workers() -> None:
         WorkerInfo(worker_id="b", model="m", max_model_len=1024, started_at=2.0),
     ]
 
-    info = tgi_translate.info("m", workers, "9.9")
+    info = translate.info("m", workers, "9.9")
 
     assert (info.model_id, info.max_input_tokens, info.max_total_tokens, info.version) == (
         "m",
@@ -240,9 +240,9 @@ def test_info_reports_the_smallest_context_of_the_serving_workers() -> None:
 
 
 def test_errors_use_tgi_statuses_and_types() -> None:
-    too_long = tgi_translate.tgi_error(ContextLengthExceeded("too long", param="messages"))
-    busy = tgi_translate.tgi_error(Overloaded("busy"))
-    crashed = tgi_translate.tgi_error(WorkerFailed("crashed"))
+    too_long = translate.tgi_error(ContextLengthExceeded("too long", param="messages"))
+    busy = translate.tgi_error(Overloaded("busy"))
+    crashed = translate.tgi_error(WorkerFailed("crashed"))
 
     assert [(status, body.model_dump()) for status, body in (too_long, busy, crashed)] == [
         (422, {"error": "too long", "error_type": "validation"}),

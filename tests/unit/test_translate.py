@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gateway import responses, translate
-from gateway.openai_schema import ChatCompletionRequest, CompletionRequest
+from gateway.openai import render, translate
+from gateway.openai.schema import ChatCompletionRequest, CompletionRequest
 from shared.errors import WorkerFailed
 from shared.protocol import (
     Accepted,
@@ -232,7 +232,7 @@ def test_unusable_prompts_are_refused(prompt: Any) -> None:
 def test_events_fold_into_a_chat_completion() -> None:
     meta = translate.chat_meta(chat_request(), REQUEST_ID, CREATED_AT)
 
-    completion = responses.chat_completion(meta, events("Hel", "lo"))
+    completion = render.chat_completion(meta, events("Hel", "lo"))
 
     assert completion.model_dump(mode="json") == {
         "id": f"chatcmpl-{REQUEST_ID}",
@@ -254,7 +254,7 @@ def test_events_fold_into_a_chat_completion() -> None:
 def test_events_fold_into_a_text_completion_with_echo() -> None:
     meta = translate.completion_meta(completion_request(echo=True), REQUEST_ID, CREATED_AT)
 
-    completion = responses.text_completion(
+    completion = render.text_completion(
         meta, [events(" upon", reason=FinishReason.LENGTH, prompt_text="Once")]
     )
 
@@ -272,7 +272,7 @@ def test_events_without_finished_are_a_worker_failure() -> None:
     meta = translate.chat_meta(chat_request(), REQUEST_ID, CREATED_AT)
 
     with pytest.raises(WorkerFailed):
-        responses.chat_completion(meta, events("x")[:-1])
+        render.chat_completion(meta, events("x")[:-1])
 
 
 def chat_chunk(choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
@@ -291,7 +291,7 @@ def chunk_choice(delta: dict[str, Any], finish_reason: str | None = None) -> dic
 
 
 def test_chat_events_become_openai_chunks_without_usage_by_default() -> None:
-    stream = responses.ChatStream(translate.chat_meta(chat_request(stream=True), REQUEST_ID, CREATED_AT))
+    stream = render.ChatStream(translate.chat_meta(chat_request(stream=True), REQUEST_ID, CREATED_AT))
 
     chunks = [chunk.model_dump(mode="json") for event in events("Hi", "") for chunk in stream.chunks(event)]
 
@@ -304,7 +304,7 @@ def test_chat_events_become_openai_chunks_without_usage_by_default() -> None:
 
 def test_include_usage_adds_null_usage_and_a_final_usage_chunk() -> None:
     request = chat_request(stream=True, stream_options={"include_usage": True})
-    stream = responses.ChatStream(translate.chat_meta(request, REQUEST_ID, CREATED_AT))
+    stream = render.ChatStream(translate.chat_meta(request, REQUEST_ID, CREATED_AT))
 
     chunks = [chunk.model_dump(mode="json") for event in events("Hi") for chunk in stream.chunks(event)]
 
@@ -318,7 +318,7 @@ def test_include_usage_adds_null_usage_and_a_final_usage_chunk() -> None:
 
 def test_completion_events_become_text_chunks_with_the_echo_first() -> None:
     request = completion_request(stream=True, echo=True, stream_options={"include_usage": True})
-    stream = responses.CompletionStream(translate.completion_meta(request, REQUEST_ID, CREATED_AT))
+    stream = render.CompletionStream(translate.completion_meta(request, REQUEST_ID, CREATED_AT))
 
     chunks = [
         chunk.model_dump(mode="json")
@@ -350,7 +350,7 @@ def test_completion_events_become_text_chunks_with_the_echo_first() -> None:
 def test_usage_is_omitted_from_chunk_json_unless_asked_for() -> None:
     meta = translate.completion_meta(completion_request(stream=True), REQUEST_ID, CREATED_AT)
 
-    (chunk,) = responses.CompletionStream(meta).chunks(Delta(text="x", token_ids=[1]))
+    (chunk,) = render.CompletionStream(meta).chunks(Delta(text="x", token_ids=[1]))
 
     assert "usage" not in chunk.model_dump_json()
 

@@ -1,0 +1,114 @@
+"""Owns the ``tokenferry`` command: parses subcommands and starts the right process.
+
+The one place that may import both tiers, lazily, per subcommand: the gateway
+never imports torch, and a client command imports neither tier.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from cli import options
+from shared.logs import configure_logging
+
+
+def _parser() -> tuple[argparse.ArgumentParser, dict[str, options.Flags]]:
+    parser = argparse.ArgumentParser(
+        prog="tokenferry", description="OpenAI-compatible serving of HuggingFace LMs."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    flags: dict[str, options.Flags] = {}
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        return commands.add_parser(
+            name, help=help_text, description=help_text, argument_default=argparse.SUPPRESS
+        )
+
+    serve = command("serve", "all in one: Redis (unless --redis-url), one gateway and one worker")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    options.add_redis_flag(serve)  # read directly: serve starts its own Redis without it
+    flags["serve_common"] = options.add_common_flags(serve)
+    flags["serve_gateway"] = options.add_gateway_flags(serve)
+    flags["serve_worker"] = options.add_worker_flags(serve)
+
+    gateway = command("gateway", "the HTTP gateway (scale out behind a load balancer)")
+    flags["gateway"] = (
+        [gateway.add_argument("--host"), gateway.add_argument("--port", type=int)]
+        + options.add_redis_flag(gateway)
+        + options.add_common_flags(gateway)
+        + options.add_gateway_flags(gateway)
+    )
+
+    worker = command("worker", "a generation worker for one model")
+    flags["worker"] = (
+        options.add_redis_flag(worker) + options.add_common_flags(worker) + options.add_worker_flags(worker)
+    )
+
+    from cli.client import add_client_commands
+
+    add_client_commands(commands)
+    from cli.status import add_status_command
+
+    add_status_command(commands)
+    from cli.keys import add_key_commands
+
+    add_key_commands(commands)
+    from cli.batch import add_batch_commands
+
+    add_batch_commands(commands)
+    return parser, flags
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser, flags = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "gateway":
+        _run_gateway(options.given(args, flags["gateway"]))
+    elif args.command == "worker":
+        _run_worker(options.given(args, flags["worker"]))
+    elif args.command == "serve":
+        from cli.serve import serve
+
+        sys.exit(serve(args, flags))
+    else:
+        sys.exit(args.handler(args))
+
+
+def _run_gateway(values: dict[str, object]) -> None:
+    import uvicorn
+
+    from gateway.http.app import create_app
+    from shared.settings import GatewaySettings
+
+    settings = GatewaySettings(**values)  # type: ignore[arg-type]
+    configure_logging(settings.log_level, settings.log_format, process="gateway")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,  # keep our handlers and request-id filter
+        # Open streams get the drain grace (sse-starlette's), then a little for the rest to close.
+        timeout_graceful_shutdown=int(settings.drain_grace_s) + 5,
+    )
+
+
+def _run_worker(values: dict[str, object]) -> None:
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from shared.jobs.jobqueue import redacted_url
+    from shared.settings import WorkerSettings
+    from worker.main import run_worker
+    from worker.model.sources import ModelLoadError
+
+    settings = WorkerSettings(**values)  # type: ignore[arg-type]
+    worker_id = {"worker_id": settings.worker_id} if settings.worker_id else {}
+    configure_logging(settings.log_level, settings.log_format, process="worker", **worker_id)
+    try:
+        run_worker(settings)
+    except RedisConnectionError as error:
+        sys.exit(f"tokenferry worker: cannot reach Redis at {redacted_url(settings.redis_url)}: {error}")
+    except ModelLoadError as error:
+        sys.exit(f"tokenferry worker: {error}")

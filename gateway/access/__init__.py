@@ -1,0 +1,1 @@
+"""Owns who may call and how much: API keys, rate limits, quota charges, resource ownership."""

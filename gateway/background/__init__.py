@@ -1,0 +1,1 @@
+"""Owns background work any gateway may drive: the runner, its leases and the stores it serves."""

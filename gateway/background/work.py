@@ -1,0 +1,71 @@
+"""Owns the gateway's background work: the file, batch and response stores and the runner driving them.
+
+``running(app, settings, pool)`` is entered by the lifespan (``gateway/http/app.py``):
+it builds the stores, starts this gateway's ``Runner`` as a task it owns, and
+stops it on the way out (the runner gives its leases back, so another gateway
+continues at once). Handlers reach the stores through the ``Annotated`` aliases
+below; they live on ``app.state.background``, beside the gateway state and for
+the same reason (see ``gateway/http/app.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from functools import partial
+from typing import Annotated
+
+from arq.connections import ArqRedis
+from fastapi import Depends, FastAPI, Request
+
+from gateway.background.runner import Driver, Runner
+from gateway.batches.files import FileStore
+from gateway.batches.run import BatchContext, run_batch
+from gateway.batches.store import BatchStore
+from gateway.responses_api.store import ResponseStore
+from shared.settings import GatewaySettings
+
+
+@dataclass(frozen=True, slots=True)
+class Background:
+    files: FileStore
+    batches: BatchStore
+    responses: ResponseStore
+    max_file_bytes: int
+
+
+def build_background(settings: GatewaySettings, pool: ArqRedis) -> tuple[Background, Runner]:
+    """The stores and the runner of one gateway process."""
+    files = FileStore(pool, settings.result_retention_s)
+    batches = BatchStore(pool, settings.result_retention_s)
+    responses = ResponseStore(pool, settings.result_retention_s)
+    context = BatchContext(pool, batches, files, settings.batch_max_inflight, settings.max_tokens_limit)
+    drivers: dict[str, Driver] = {"batch": partial(run_batch, context), "response": responses.drive}
+    return Background(files, batches, responses, settings.max_file_bytes), Runner(pool, drivers)
+
+
+@contextlib.asynccontextmanager
+async def running(app: FastAPI, settings: GatewaySettings, pool: ArqRedis) -> AsyncIterator[Background]:
+    """Serve the stores and run the runner while the app runs."""
+    background, runner = build_background(settings, pool)
+    app.state.background = background
+    task = asyncio.create_task(runner.run())
+    try:
+        yield background
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        del app.state.background
+
+
+async def get_background(request: Request) -> Background:
+    background = getattr(request.app.state, "background", None)
+    if not isinstance(background, Background):
+        raise RuntimeError("background state missing: the app's lifespan did not run")
+    return background
+
+
+BackgroundDep = Annotated[Background, Depends(get_background)]

@@ -1,0 +1,66 @@
+"""Owns resuming a stream on any gateway: what a stream looked like, and replaying it from Last-Event-ID.
+
+Every streamed response's SSE events carry ``id:`` = the Redis stream entry id of
+the event they came from (``gateway/http/sse.py``). When a client loses its gateway
+it calls ``GET /v1/requests/{request_id}/stream`` on any gateway with the header
+``Last-Event-ID`` (the request id is the ``x-request-id`` of the original answer).
+That gateway needs to render the same chunks the first one did, so each stream's
+"view" (chat or text completion, its response metadata, its tenant) is stored
+when the stream starts. The renderer is rebuilt by feeding it the events the
+client already has (its chunk state, such as which choices have ended, then
+matches), and the stream goes on after the given id: nothing lost, nothing twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hmac
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel
+from redis.asyncio import Redis
+
+from gateway.openai.render import ChatStream, CompletionStream, ResponseMeta
+from shared import keys
+from shared.errors import InvalidRequest, NotFound
+from shared.jobs.streams import StreamEvent
+from shared.protocol import TokenEvent
+
+StreamKind = Literal["chat", "completion"]
+
+
+class StreamView(BaseModel):
+    kind: StreamKind
+    meta: dict[str, Any]
+    tenant: str
+
+    def renderer(self) -> Callable[[TokenEvent], Sequence[BaseModel]]:
+        meta = ResponseMeta(**self.meta)
+        return ChatStream(meta).chunks if self.kind == "chat" else CompletionStream(meta).chunks
+
+
+async def save_view(redis: Redis, request_id: str, kind: StreamKind, meta: ResponseMeta, tenant: str) -> None:
+    view = StreamView(kind=kind, meta=dataclasses.asdict(meta), tenant=tenant)
+    await redis.set(keys.request_view(request_id), view.model_dump_json(), ex=keys.EVENTS_RUNNING_TTL_S)
+
+
+async def load_view(redis: Redis, request_id: str, tenant: str) -> StreamView:
+    """The view of a stream this tenant started; 404 for anything else (no existence leak)."""
+    raw = await redis.get(keys.request_view(request_id))
+    view = None if raw is None else StreamView.model_validate_json(raw)
+    if view is None or not hmac.compare_digest(view.tenant.encode(), tenant.encode()):
+        raise NotFound(f"No resumable stream with id {request_id!r}.", param="request_id")
+    return view
+
+
+def split_history(history: list[StreamEvent], last_event_id: str | None) -> tuple[list[StreamEvent], str]:
+    """The events the client already has, and the entry id to follow from."""
+    if not last_event_id:
+        return [], "0"
+    for position, item in enumerate(history):
+        if item.entry_id == last_event_id:
+            return history[: position + 1], last_event_id
+    raise InvalidRequest(
+        f"Last-Event-ID {last_event_id!r} is not an event of this stream.", param="Last-Event-ID"
+    )

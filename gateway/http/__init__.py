@@ -1,0 +1,1 @@
+"""Owns the HTTP shell every route shares: the app, middleware, errors, dependencies and SSE framing."""

@@ -1,0 +1,134 @@
+"""Owns the gateway's composition: ``create_app(settings)`` wires every part of the HTTP tier.
+
+Nothing is built at import time. The lifespan opens the arq pool (also our Redis
+client) and yields a typed state that ``gateway/http/deps.py`` hands to handlers.
+
+Intentional divergence: the lifespan also keeps that state on ``app.state`` (this
+app's own object, not a module global), and handlers read it there. Yielded
+lifespan state reaches requests only through the server, which copies it into
+each scope; in-process transports such as httpx's ``ASGITransport`` do not, and
+the app must behave the same under both.
+With Redis unreachable at start the lifespan fails fast instead of serving 503s
+forever; once running, a lost Redis answers 503 per request (``gateway/http/errors.py``).
+Importing this module pulls in no torch, transformers or worker code.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+
+from arq.connections import ArqRedis
+from fastapi import Depends, FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from gateway.access import routes as admin
+from gateway.access.auth import Authenticator, Limits, static_keys
+from gateway.access.rate_limits import RATE_LIMIT_HEADERS, RateLimiter, RateLimitHeadersMiddleware
+from gateway.background import work
+from gateway.batches import batch_routes as batches
+from gateway.batches import file_routes as files
+from gateway.dispatch import routes as streams
+from gateway.dispatch.dispatcher import Dispatcher
+from gateway.http.deps import GatewayState, LifespanState, guard_request
+from gateway.http.errors import install_error_handlers
+from gateway.http.middleware import BodyLimitMiddleware, RequestIdMiddleware
+from gateway.http.openapi import OPENAI_ADMIN, OPENAI_BACKGROUND, OPENAI_GENERATION, OPENAI_READ
+from gateway.openai import chat_routes as chat
+from gateway.openai import completions_routes as completions
+from gateway.openai import models_routes as models
+from gateway.ops import health_routes as health
+from gateway.ops import metrics_routes
+from gateway.ops.metrics import GatewayMetrics, RequestMetricsMiddleware
+from gateway.responses_api import routes as responses
+from gateway.tgi import routes as tgi
+from gateway.tokenize import routes as tokenize
+from shared import __version__
+from shared.access.token_buckets import TokenBuckets
+from shared.jobs import jobqueue
+from shared.settings import GatewaySettings
+
+logger = logging.getLogger(__name__)
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    """The gateway ASGI app for ``settings``; run it under a server that runs its lifespan."""
+    app = FastAPI(
+        title="tokenferry",
+        version=__version__,
+        summary="OpenAI-compatible gateway: validates, enqueues and relays generation jobs.",
+        lifespan=_lifespan(settings),
+    )
+    install_error_handlers(app)
+    # Added last runs first: the request id must exist before the body limit can answer 413.
+    app.add_middleware(RateLimitHeadersMiddleware)
+    app.add_middleware(
+        BodyLimitMiddleware,
+        max_body_bytes=settings.max_body_bytes,
+        path_limits={"/v1/files": settings.max_file_bytes + files.MULTIPART_OVERHEAD_BYTES},
+    )
+    app.add_middleware(RequestIdMiddleware)
+    # Outside the body limit and request ids, so 413s are counted too; one registry per app.
+    app.state.metrics = GatewayMetrics()
+    app.add_middleware(RequestMetricsMiddleware, metrics=app.state.metrics)
+    if settings.cors_allow_origins:
+        # Outermost, so preflights never reach auth and error responses carry CORS headers too.
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_allow_origins,
+            allow_methods=["GET", "POST", "DELETE"],
+            allow_headers=["*"],
+            expose_headers=["x-request-id", "retry-after", *RATE_LIMIT_HEADERS],
+        )
+    guard = [Depends(guard_request)]
+    app.include_router(health.router)
+    app.include_router(metrics_routes.router, dependencies=guard if settings.metrics_require_key else [])
+    for router in (chat.router, completions.router, responses.router):
+        app.include_router(router, dependencies=guard, responses=OPENAI_GENERATION)
+    app.include_router(models.router, dependencies=guard, responses=OPENAI_READ)
+    app.include_router(tokenize.router, dependencies=guard, responses=OPENAI_READ)
+    app.include_router(streams.router, dependencies=guard, responses=OPENAI_READ)
+    app.include_router(admin.router, dependencies=guard, responses=OPENAI_ADMIN)
+    for router in (files.router, batches.router):
+        app.include_router(router, dependencies=guard, responses=OPENAI_BACKGROUND)
+    app.include_router(tgi.router, dependencies=guard)
+    return app
+
+
+def _lifespan(settings: GatewaySettings) -> Callable[[FastAPI], AbstractAsyncContextManager[LifespanState]]:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[LifespanState]:
+        pool = await jobqueue.open_pool(settings.redis_url, connect_timeout_s=settings.redis_timeout_s)
+        dispatcher = Dispatcher(pool, settings.request_timeout_s, settings.max_queued_requests)
+        state = build_state(settings, pool, dispatcher)
+        logger.info(
+            "gateway ready: auth=%s timeout=%.0fs",
+            "on" if await state.authenticator.is_enabled() else "off (no keys configured)",
+            settings.request_timeout_s,
+        )
+        app.state.gateway = state
+        try:
+            async with work.running(app, settings, pool):
+                yield {"gateway": state}
+        finally:
+            del app.state.gateway
+            await pool.aclose()
+            logger.info("gateway stopped")
+
+    return lifespan
+
+
+def build_state(settings: GatewaySettings, pool: ArqRedis, dispatcher: Dispatcher) -> GatewayState:
+    """The handlers' state around an open pool (the lifespan's; tests build it around a fake)."""
+    limits = Limits(rpm=settings.rate_limit_rpm, tpm=settings.rate_limit_tpm)
+    keys = static_keys(settings.api_keys, settings.admin_api_keys)
+    return GatewayState(
+        pool=pool,
+        dispatcher=dispatcher,
+        authenticator=Authenticator(pool, keys, limits, settings.auth_cache_s),
+        rate_limiter=RateLimiter(TokenBuckets(pool)),
+        max_tokens_limit=settings.max_tokens_limit,
+        max_choices=settings.max_n,
+        drain_grace_s=settings.drain_grace_s,
+    )

@@ -1,0 +1,96 @@
+"""Owns the SSE framing of streamed responses: chunk frames, keep-alives, errors, ``[DONE]``.
+
+Each chunk is one ``data: <json>`` frame. The last frame made from a token event
+carries that event's Redis stream entry id as its SSE ``id:``, so a client that
+reconnects with ``Last-Event-ID`` names exactly where its stream stopped (a
+partly received group is replayed whole rather than lost). Keep-alives are
+comment lines, which the OpenAI SDKs ignore. A failure after the 200 went out
+cannot change the status, so it travels in-band as ``data: {"error": {...}}``,
+which the OpenAI SDK raises as an APIError, and the stream ends without ``[DONE]``.
+
+Frames use ``\\n`` line endings: the SSE spec allows all three, and ``\\n`` is what
+OpenAI itself sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+
+import anyio
+from pydantic import BaseModel
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from gateway.http.errors import error_body, to_domain_error
+from shared.jobs.streams import StreamEvent
+from shared.protocol import TokenEvent
+
+DONE = "[DONE]"
+SEPARATOR = "\n"
+# Proxies commonly drop connections idle for 30-60 s; a comment every 15 s keeps them open.
+KEEPALIVE_S = 15.0
+# A reader that takes no bytes for this long is treated as gone (and its job aborted).
+SEND_TIMEOUT_S = 30.0
+# The default of GatewaySettings.drain_grace_s, for callers without settings at hand.
+DRAIN_GRACE_S = 30.0
+
+ChunkMaker = Callable[[TokenEvent], Sequence[BaseModel]]
+
+
+def event_stream(
+    first: StreamEvent | None,
+    rest: AsyncGenerator[StreamEvent, None],
+    to_chunks: ChunkMaker,
+    *,
+    drain_grace_s: float = DRAIN_GRACE_S,
+) -> EventSourceResponse:
+    """A streaming response relaying ``first`` then ``rest`` as chunks, ending with ``[DONE]``.
+
+    When the server stops, the stream may run on for ``drain_grace_s`` before it is
+    cut (and then its job keeps running, for a resume elsewhere: ``gateway/http/shutdown.py``).
+    """
+    return EventSourceResponse(
+        _frames(first, rest, to_chunks),
+        sep=SEPARATOR,
+        ping=KEEPALIVE_S,
+        ping_message_factory=_keepalive,
+        send_timeout=SEND_TIMEOUT_S,
+        shutdown_event=anyio.Event(),
+        shutdown_grace_period=drain_grace_s,
+    )
+
+
+async def _frames(
+    first: StreamEvent | None, rest: AsyncGenerator[StreamEvent, None], to_chunks: ChunkMaker
+) -> AsyncIterator[ServerSentEvent]:
+    async with aclosing(rest):
+        for frame in _event_frames(first, to_chunks) if first is not None else ():
+            yield frame
+        try:
+            async for item in rest:
+                for frame in _event_frames(item, to_chunks):
+                    yield frame
+        except Exception as exc:  # after the 200 went out, failures travel in-band
+            yield _error_frame(exc)
+            return
+    yield ServerSentEvent(data=DONE, sep=SEPARATOR)
+
+
+def _event_frames(item: StreamEvent, to_chunks: ChunkMaker) -> list[ServerSentEvent]:
+    chunks = to_chunks(item.event)
+    return [
+        ServerSentEvent(
+            data=chunk.model_dump_json(),
+            id=item.entry_id if position == len(chunks) - 1 else None,
+            sep=SEPARATOR,
+        )
+        for position, chunk in enumerate(chunks)
+    ]
+
+
+def _error_frame(exc: Exception) -> ServerSentEvent:
+    return ServerSentEvent(data=error_body(to_domain_error(exc)).model_dump_json(), sep=SEPARATOR)
+
+
+def _keepalive() -> ServerSentEvent:
+    return ServerSentEvent(comment="keepalive", sep=SEPARATOR)

@@ -1,0 +1,264 @@
+"""Owns the field types of OpenAI request bodies: their bounds, descriptions and checks.
+
+``gateway/openai/schema.py`` composes its models from these, so both request
+bodies validate a shared field the same way. Checks that a bound cannot express
+raise a ``PydanticCustomError`` with a sentence meant for the client; its location
+becomes the OpenAI ``param`` (``messages.2.content``). A feature we do not
+implement yet is refused with a 400 naming the field, never silently dropped.
+
+Intentional divergence: ``tools`` and ``functions`` are refused
+only when they ask for something (an empty list or map, or ``tool_choice:
+"none"``, is accepted), because several client libraries always send them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+from pydantic import AfterValidator, AliasChoices, Field
+from pydantic_core import PydanticCustomError
+
+_T = TypeVar("_T")
+
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
+_TOOL_ROLES = frozenset({"tool", "function"})
+MAX_STOP_SEQUENCES = 4
+# Prompts one /v1/completions request may list; each runs as its own job.
+MAX_PROMPTS = 64
+# The schema's bound on n; the operator's (smaller) ``max_n`` is checked per request.
+MAX_CHOICES = 128
+# OpenAI's bound on top_logprobs (and vLLM's on completions' logprobs).
+MAX_TOP_LOGPROBS = 20
+
+
+def validate_role(role: str) -> str:
+    """Accept the chat roles we can template; tool roles get their own explanation."""
+    if role in _TOOL_ROLES:
+        raise PydanticCustomError(
+            "not_supported",
+            "Messages with role '{role}' are not supported yet (no tool calling).",
+            {"role": role},
+        )
+    if role not in CHAT_ROLES:
+        raise PydanticCustomError(
+            "invalid_role",
+            "Invalid role '{role}': expected system, developer, user or assistant.",
+            {"role": role},
+        )
+    return role
+
+
+def normalize_content(content: Any) -> Any:
+    """Check message content is text or text parts, before the union tries its branches.
+
+    Without this, a bad part would be reported once per union branch, with branch
+    names in the location; here the client gets one sentence about the part.
+    """
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise PydanticCustomError(
+            "invalid_content", "Message content must be a string or a list of text parts."
+        )
+    for part in content:
+        _check_part(part)
+    return content
+
+
+def _check_part(part: Any) -> None:
+    if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+        raise PydanticCustomError("invalid_content", "Each content part must be an object with a 'type'.")
+    if part["type"] != "text":
+        raise PydanticCustomError(
+            "not_supported",
+            "Content parts of type '{kind}' are not supported yet; only text parts are.",
+            {"kind": part["type"]},
+        )
+    if not isinstance(part.get("text"), str):
+        raise PydanticCustomError("invalid_content", "A text content part needs a string 'text'.")
+
+
+def normalize_prompt(prompt: Any) -> Any:
+    """Reduce the four OpenAI prompt forms to a list of prompts, each a string or a list of token ids."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not isinstance(prompt, list):
+        return prompt  # non-lists are left to the declared type to refuse
+    if not prompt:
+        raise PydanticCustomError("invalid_prompt", "The prompt must not be an empty list.")
+    if all(_is_int(value) for value in prompt):
+        return [_checked_token_ids(prompt)]
+    if len(prompt) > MAX_PROMPTS:
+        raise PydanticCustomError(
+            "too_many_prompts", "At most {most} prompts per request.", {"most": MAX_PROMPTS}
+        )
+    return [_single_prompt(value) for value in prompt]
+
+
+def _single_prompt(value: Any) -> str | list[int]:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(_is_int(token) for token in value):
+        return _checked_token_ids(value)
+    raise PydanticCustomError(
+        "invalid_prompt",
+        "The prompt must be a string, a list of strings, a list of token ids or a list of token-id lists.",
+    )
+
+
+def _is_int(value: Any) -> bool:
+    # bool is an int subclass, and `true` is not a token id.
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _checked_token_ids(token_ids: list[int]) -> list[int]:
+    if any(token_id < 0 for token_id in token_ids):
+        raise PydanticCustomError("invalid_prompt", "Token ids must be non-negative integers.")
+    return token_ids
+
+
+def validate_stop(stop: str | list[str] | None) -> str | list[str] | None:
+    """At most four stop sequences, none of them empty (an empty one would stop at once)."""
+    sequences = [stop] if isinstance(stop, str) else stop or []
+    if len(sequences) > MAX_STOP_SEQUENCES:
+        raise PydanticCustomError("too_many_stops", "At most 4 stop sequences are allowed.")
+    if any(not sequence for sequence in sequences):
+        raise PydanticCustomError("empty_stop", "Stop sequences must not be empty.")
+    return stop
+
+
+def refuse_when(is_requested: Callable[[Any], bool], message: str) -> AfterValidator:
+    """A validator refusing a value that asks for a feature we do not implement yet."""
+
+    def check(value: _T) -> _T:
+        if is_requested(value):
+            raise PydanticCustomError("not_supported", message)
+        return value
+
+    return AfterValidator(check)
+
+
+def _is_truthy(value: Any) -> bool:
+    return bool(value)
+
+
+def _is_not_none(value: Any) -> bool:
+    return value is not None
+
+
+def _is_a_tool_choice(value: Any) -> bool:
+    return value is not None and value != "none"
+
+
+# Sampling fields of both request bodies.
+MaxTokens = Annotated[int | None, Field(ge=1, description="Most tokens to generate; default: the context.")]
+Temperature = Annotated[float | None, Field(ge=0, le=2, description="Sampling temperature, 0 to 2.")]
+TopP = Annotated[float | None, Field(gt=0, le=1, description="Nucleus sampling probability mass.")]
+Penalty = Annotated[float | None, Field(ge=-2, le=2, description="OpenAI-style penalty, -2 to 2.")]
+Stop = Annotated[
+    str | list[str] | None,
+    AfterValidator(validate_stop),
+    Field(description="Up to 4 sequences where generation stops; not included in the output."),
+]
+# int64, as vLLM bounds it: torch's generators refuse seeds of 2**64 and more.
+Seed = Annotated[int | None, Field(ge=-(2**63), le=2**63 - 1, description="Seed for reproducible sampling.")]
+User = Annotated[str | None, Field(description="End-user id; accepted and ignored.")]
+
+# HuggingFace generation parameters, accepted at the top level (where `extra_body` lands).
+TopK = Annotated[int | None, Field(ge=-1, description="Keep the k most likely tokens; -1 or 0 disable.")]
+TypicalP = Annotated[float | None, Field(gt=0, le=1, description="Locally typical sampling mass.")]
+MinP = Annotated[float | None, Field(ge=0, le=1, description="Least probability relative to the top token.")]
+RepetitionPenalty = Annotated[float | None, Field(gt=0, description="Multiplicative penalty; 1 disables.")]
+LengthPenalty = Annotated[float | None, Field(description="Beam-search length penalty exponent.")]
+NoRepeatNgramSize = Annotated[int | None, Field(ge=0, description="Never repeat an n-gram of this size.")]
+NumBeams = Annotated[int | None, Field(ge=1, description="Beam-search width; 1 means sampling/greedy.")]
+MinTokens = Annotated[
+    int | None,
+    Field(
+        ge=0,
+        validation_alias=AliasChoices("min_tokens", "min_length"),
+        description="Generate at least this many tokens (alias: min_length).",
+    ),
+]
+IgnoreEos = Annotated[bool | None, Field(description="Keep generating past the end-of-sequence token.")]
+
+# Features refused for now, each with the sentence the client gets.
+_NOT_YET = "Not supported yet."
+ChoiceCount = Annotated[
+    int | None,
+    Field(
+        ge=1,
+        le=MAX_CHOICES,
+        description="Choices to generate (for each prompt); at most the server's max_n (default 16).",
+    ),
+]
+BestOf = Annotated[
+    int | None,
+    Field(ge=1, description="Accepted only equal to n (every candidate is returned; none is ranked away)."),
+]
+MAX_LOGIT_BIAS_ENTRIES = 1024
+
+
+def _check_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
+    for token, bias in (value or {}).items():
+        if not token.isdigit():
+            raise PydanticCustomError(
+                "logit_bias", "logit_bias keys must be token ids, got {token!r}.", {"token": token}
+            )
+        if not -100 <= bias <= 100:
+            raise PydanticCustomError("logit_bias", "logit_bias values must be in [-100, 100].")
+    if value is not None and len(value) > MAX_LOGIT_BIAS_ENTRIES:
+        raise PydanticCustomError("logit_bias", f"logit_bias takes at most {MAX_LOGIT_BIAS_ENTRIES} tokens.")
+    return value
+
+
+LogitBias = Annotated[
+    dict[str, float] | None,
+    Field(description="Token id (as a string) -> bias in [-100, 100] added to that token's logit."),
+    AfterValidator(_check_logit_bias),
+]
+Tools = Annotated[
+    list[Any] | None,
+    Field(description=_NOT_YET),
+    refuse_when(_is_truthy, "Tool calling (tools) is not supported yet."),
+]
+Functions = Annotated[
+    list[Any] | None, Field(description=_NOT_YET), refuse_when(_is_truthy, "functions are not supported yet.")
+]
+ToolChoice = Annotated[
+    Any, Field(description=_NOT_YET), refuse_when(_is_a_tool_choice, "tool_choice is not supported yet.")
+]
+FunctionCall = Annotated[
+    Any, Field(description=_NOT_YET), refuse_when(_is_a_tool_choice, "function_call is not supported yet.")
+]
+MessageToolCalls = Annotated[
+    list[Any] | None,
+    Field(description=_NOT_YET),
+    refuse_when(_is_truthy, "Tool calls in messages are not supported yet."),
+]
+ChatLogprobs = Annotated[
+    bool | None,
+    Field(description="Return the log probability of each generated token (raw model distribution)."),
+]
+TopLogprobs = Annotated[
+    int | None,
+    Field(
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="Also return this many most likely tokens at each position (needs logprobs: true).",
+    ),
+]
+CompletionLogprobs = Annotated[
+    int | None,
+    Field(
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="Return each token's log probability and this many most likely alternatives.",
+    ),
+]
+Suffix = Annotated[
+    str | None,
+    Field(description="Not supported (no fill-in-the-middle): refused when given."),
+    refuse_when(_is_not_none, "suffix is not supported (this server does no fill-in-the-middle)."),
+]

@@ -1,0 +1,386 @@
+"""Owns the pure conversions from token events to OpenAI objects: whole responses and stream chunks.
+
+A request's events are ``Accepted``, then ``Delta``s and one ``ChoiceFinished``
+per choice (each with its choice ``index``), then the terminal ``Finished`` with
+the usage of all choices. A completions request listing several prompts runs one
+job per prompt; ``gateway/dispatch/fanout.py`` re-indexes their events to OpenAI's choice
+index (``prompt_index * n + i``) and hands their ``Accepted`` events over in prompt
+order, so the k-th ``Accepted`` seen here is prompt k's.
+
+Streams need a little memory (which prompt's text to echo, which choices ended,
+how many prompts finished), so each streamed response gets its own small
+``ChatStream`` or ``CompletionStream``; everything else is a free function.
+A worker that sends no ``ChoiceFinished`` (an older one) is still understood: the
+choices it left open end with ``Finished``'s reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from pydantic import MISSING
+
+from gateway.openai.schema import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatDelta,
+    ChoiceLogprobs,
+    Completion,
+    CompletionChoice,
+    CompletionChoiceLogprobs,
+    FinishReasonName,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+)
+from shared.errors import WorkerFailed
+from shared.protocol import (
+    Accepted,
+    ChoiceFinished,
+    Delta,
+    Finished,
+    FinishReason,
+    PromptLogprob,
+    TokenEvent,
+)
+from shared.protocol import TokenLogprob as WireLogprob
+from shared.protocol import TopLogprob as WireTopLogprob
+from shared.protocol import Usage as WireUsage
+
+_FINISH_REASONS: dict[FinishReason, FinishReasonName] = {
+    FinishReason.STOP: "stop",
+    FinishReason.LENGTH: "length",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseMeta:
+    """What every object answering one request shares."""
+
+    id: str
+    created: int
+    model: str
+    include_usage: bool = False
+    echo: bool = False
+    n: int = 1  # choices per prompt
+    prompts: int = 1  # jobs whose events make up the response
+    logprobs: bool = False  # with echo: the prompt's text goes out with its logprobs
+
+    @property
+    def defers_echo(self) -> bool:
+        return self.echo and self.logprobs
+
+
+def usage(wire: WireUsage) -> Usage:
+    return Usage(
+        prompt_tokens=wire.prompt_tokens,
+        completion_tokens=wire.completion_tokens,
+        total_tokens=wire.total_tokens,
+    )
+
+
+def summed_usage(finished: Iterable[Finished]) -> Usage:
+    """The usage of several jobs (one per prompt): OpenAI sums prompts and completions."""
+    prompt = completion = 0
+    for event in finished:
+        prompt += event.usage.prompt_tokens
+        completion += event.usage.completion_tokens
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+# Logprobs
+
+
+def chat_logprobs(entries: Sequence[WireLogprob]) -> ChoiceLogprobs:
+    """Chat's shape: one object per token, its bytes and its top alternatives."""
+    return ChoiceLogprobs(content=[_chat_entry(entry) for entry in entries])
+
+
+def _chat_entry(entry: WireLogprob) -> TokenLogprob:
+    return TokenLogprob(
+        token=entry.token,
+        logprob=entry.logprob,
+        bytes=_bytes(entry.token),
+        top_logprobs=[_top_entry(top) for top in entry.top],
+    )
+
+
+def _top_entry(top: WireTopLogprob) -> TopLogprob:
+    return TopLogprob(token=top.token, logprob=top.logprob, bytes=_bytes(top.token))
+
+
+def _bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8"))
+
+
+def completion_logprobs(
+    entries: Sequence[WireLogprob | PromptLogprob], offset: int
+) -> CompletionChoiceLogprobs:
+    """The legacy shape: parallel lists; each token's text offset counts from ``offset`` (vLLM's way)."""
+    offsets = []
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry.token)
+    return CompletionChoiceLogprobs(
+        text_offset=offsets,
+        token_logprobs=[entry.logprob for entry in entries],
+        tokens=[entry.token for entry in entries],
+        top_logprobs=[_top_map(entry) for entry in entries],
+    )
+
+
+def _top_map(entry: WireLogprob | PromptLogprob) -> dict[str, float] | None:
+    if entry.logprob is None:
+        return None  # the prompt's first token: nothing predicted it
+    # The chosen token is listed too, as vLLM does, so logprobs=0 still names it.
+    return {entry.token: entry.logprob} | {top.token: top.logprob for top in entry.top}
+
+
+# Events -> whole objects (non-streaming)
+
+
+@dataclass
+class _ChoiceFold:
+    texts: list[str] = field(default_factory=list)
+    logprobs: list[WireLogprob] | None = None
+    prompt_logprobs: list[PromptLogprob] | None = None
+    finish_reason: FinishReason | None = None
+
+    def add(self, delta: Delta) -> None:
+        self.texts.append(delta.text)
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
+        if delta.prompt_logprobs is not None:
+            self.prompt_logprobs = delta.prompt_logprobs
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts)
+
+
+def _fold_choices(events: Sequence[TokenEvent], n: int) -> tuple[list[_ChoiceFold], Finished]:
+    """Each choice's text, logprobs and finish reason, from one job's events."""
+    choices = [_ChoiceFold() for _ in range(n)]
+    finished: Finished | None = None
+    for event in events:
+        if isinstance(event, Delta):
+            choices[event.index].add(event)
+        elif isinstance(event, ChoiceFinished):
+            choices[event.index].finish_reason = event.finish_reason
+        elif isinstance(event, Finished):
+            finished = event
+    if finished is None:
+        raise WorkerFailed("the worker ended the request without finishing it")
+    return choices, finished
+
+
+def chat_completion(meta: ResponseMeta, events: Sequence[TokenEvent]) -> ChatCompletion:
+    """Fold a request's events (Accepted ... Finished) into one chat.completion."""
+    folds, finished = _fold_choices(events, meta.n)
+    choices = [
+        ChatChoice(
+            index=index,
+            message=AssistantMessage(content=fold.text),
+            logprobs=None if fold.logprobs is None else chat_logprobs(fold.logprobs),
+            finish_reason=_FINISH_REASONS[fold.finish_reason or finished.finish_reason],
+        )
+        for index, fold in enumerate(folds)
+    ]
+    return ChatCompletion(
+        id=meta.id, created=meta.created, model=meta.model, choices=choices, usage=usage(finished.usage)
+    )
+
+
+def text_completion(meta: ResponseMeta, results: Sequence[Sequence[TokenEvent]]) -> Completion:
+    """Fold the events of each prompt's job (in prompt order) into one text_completion."""
+    choices: list[CompletionChoice] = []
+    finished: list[Finished] = []
+    for prompt_index, events in enumerate(results):
+        folds, done = _fold_choices(events, meta.n)
+        finished.append(done)
+        echo = _echoed_prompt(meta, events)
+        for index, fold in enumerate(folds):
+            choices.append(_completion_choice(prompt_index * meta.n + index, echo, fold, done))
+    return Completion(
+        id=meta.id, created=meta.created, model=meta.model, choices=choices, usage=summed_usage(finished)
+    )
+
+
+def _completion_choice(index: int, echo: str, fold: _ChoiceFold, finished: Finished) -> CompletionChoice:
+    entries: list[WireLogprob | PromptLogprob] = [*(fold.prompt_logprobs or []), *(fold.logprobs or [])]
+    return CompletionChoice(
+        text=echo + fold.text,
+        index=index,
+        logprobs=None if fold.logprobs is None else completion_logprobs(entries, 0),
+        finish_reason=_FINISH_REASONS[fold.finish_reason or finished.finish_reason],
+    )
+
+
+def _echoed_prompt(meta: ResponseMeta, events: Iterable[TokenEvent]) -> str:
+    if not meta.echo:
+        return ""
+    accepted = next((event for event in events if isinstance(event, Accepted)), None)
+    return (accepted.prompt_text or "") if accepted else ""
+
+
+# Events -> chunks (streaming). Failed events never get here: dispatch raises them.
+
+
+@dataclass
+class _StreamProgress:
+    """Which choices have ended and which jobs have finished, for the stream's last chunks."""
+
+    meta: ResponseMeta
+    ended: set[int] = field(default_factory=set)
+    finished: list[Finished] = field(default_factory=list)
+
+    def finish(self, event: Finished) -> list[int] | None:
+        """Record a job's end; once every job has ended, the choices still open (else None)."""
+        self.finished.append(event)
+        if len(self.finished) < self.meta.prompts:
+            return None
+        return [index for index in range(self.meta.prompts * self.meta.n) if index not in self.ended]
+
+    @property
+    def usage(self) -> Usage:
+        return summed_usage(self.finished)
+
+
+class ChatStream:
+    """Turns one chat request's events into chat.completion.chunk objects."""
+
+    def __init__(self, meta: ResponseMeta) -> None:
+        self._meta = meta
+        self._progress = _StreamProgress(meta)
+
+    def chunks(self, event: TokenEvent) -> list[ChatCompletionChunk]:
+        """The chunks one event becomes (often one, sometimes none or several)."""
+        if isinstance(event, Accepted):
+            return [
+                self._chunk(index, ChatDelta(role="assistant", content="")) for index in range(self._meta.n)
+            ]
+        if isinstance(event, Delta):
+            return [self._delta_chunk(event)] if event.text or event.logprobs else []
+        if isinstance(event, ChoiceFinished):
+            self._progress.ended.add(event.index)
+            return [self._chunk(event.index, ChatDelta(), _FINISH_REASONS[event.finish_reason])]
+        if isinstance(event, Finished):
+            return self._last_chunks(event)
+        return []
+
+    def _delta_chunk(self, delta: Delta) -> ChatCompletionChunk:
+        logprobs = None if delta.logprobs is None else chat_logprobs(delta.logprobs)
+        return self._chunk(delta.index, ChatDelta(content=delta.text), logprobs=logprobs)
+
+    def _last_chunks(self, event: Finished) -> list[ChatCompletionChunk]:
+        still_open = self._progress.finish(event)
+        if still_open is None:
+            return []
+        reason = _FINISH_REASONS[event.finish_reason]
+        chunks = [self._chunk(index, ChatDelta(), reason) for index in still_open]
+        return chunks + [self._usage_chunk()] if self._meta.include_usage else chunks
+
+    def _chunk(
+        self,
+        index: int,
+        delta: ChatDelta,
+        finish_reason: FinishReasonName | None = None,
+        logprobs: ChoiceLogprobs | None = None,
+    ) -> ChatCompletionChunk:
+        meta = self._meta
+        choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
+        return ChatCompletionChunk(
+            id=meta.id,
+            created=meta.created,
+            model=meta.model,
+            choices=[choice],
+            usage=None if meta.include_usage else MISSING,
+        )
+
+    def _usage_chunk(self) -> ChatCompletionChunk:
+        meta = self._meta
+        return ChatCompletionChunk(
+            id=meta.id, created=meta.created, model=meta.model, choices=[], usage=self._progress.usage
+        )
+
+
+class CompletionStream:
+    """Turns one completion request's events (of all its prompts) into text_completion chunks."""
+
+    def __init__(self, meta: ResponseMeta) -> None:
+        self._meta = meta
+        self._progress = _StreamProgress(meta)
+        self._prompt_texts: list[str] = []  # by prompt index: Accepted events arrive in prompt order
+        self._offsets: dict[int, int] = {}  # by choice: where its next token's text starts
+
+    def chunks(self, event: TokenEvent) -> list[Completion]:
+        """The chunks one event becomes; the echoed prompt is each choice's first text."""
+        if isinstance(event, Accepted):
+            return self._accepted(event)
+        if isinstance(event, Delta):
+            return self._delta(event)
+        if isinstance(event, ChoiceFinished):
+            self._progress.ended.add(event.index)
+            return [self._chunk(event.index, "", _FINISH_REASONS[event.finish_reason])]
+        if isinstance(event, Finished):
+            return self._last_chunks(event)
+        return []
+
+    def _accepted(self, event: Accepted) -> list[Completion]:
+        prompt_index = len(self._prompt_texts)
+        text = (event.prompt_text or "") if self._meta.echo else ""
+        self._prompt_texts.append(text)
+        if not text or self._meta.defers_echo:
+            return []
+        first = prompt_index * self._meta.n
+        return [self._chunk(index, text) for index in range(first, first + self._meta.n)]
+
+    def _delta(self, delta: Delta) -> list[Completion]:
+        text = delta.text
+        entries: list[WireLogprob | PromptLogprob] = list(delta.logprobs or [])
+        if delta.prompt_logprobs is not None and self._meta.defers_echo:
+            text = self._prompt_texts[delta.index // self._meta.n] + text
+            entries = [*delta.prompt_logprobs, *entries]
+        if not text and not entries:
+            return []
+        logprobs = None
+        if delta.logprobs is not None:
+            offset = self._offsets.get(delta.index, 0)
+            logprobs = completion_logprobs(entries, offset)
+            self._offsets[delta.index] = offset + sum(len(entry.token) for entry in entries)
+        return [self._chunk(delta.index, text, logprobs=logprobs)]
+
+    def _last_chunks(self, event: Finished) -> list[Completion]:
+        still_open = self._progress.finish(event)
+        if still_open is None:
+            return []
+        reason = _FINISH_REASONS[event.finish_reason]
+        chunks = [self._chunk(index, "", reason) for index in still_open]
+        return chunks + [self._usage_chunk()] if self._meta.include_usage else chunks
+
+    def _chunk(
+        self,
+        index: int,
+        text: str,
+        finish_reason: FinishReasonName | None = None,
+        logprobs: CompletionChoiceLogprobs | None = None,
+    ) -> Completion:
+        meta = self._meta
+        choice = CompletionChoice(text=text, index=index, logprobs=logprobs, finish_reason=finish_reason)
+        return Completion(
+            id=meta.id,
+            created=meta.created,
+            model=meta.model,
+            choices=[choice],
+            usage=None if meta.include_usage else MISSING,
+        )
+
+    def _usage_chunk(self) -> Completion:
+        meta = self._meta
+        return Completion(
+            id=meta.id, created=meta.created, model=meta.model, choices=[], usage=self._progress.usage
+        )

@@ -1,0 +1,1 @@
+"""Owns the operational surface: health, readiness, version and Prometheus metrics."""

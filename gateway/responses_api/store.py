@@ -1,0 +1,116 @@
+"""Owns background responses in Redis: their records and the driver that completes them.
+
+A background response is answered at once (``queued``) and its job runs like any
+other; the result must not depend on the client polling in time, because a job's
+event stream expires ``keys.EVENTS_TTL_S`` after its end. So each one is listed
+as active work and driven by ``gateway/background/runner.py`` (from whichever gateway holds
+its lease): the driver watches the last event of the job's stream and, once it
+ends, folds the events into the finished response and stores it for the
+retention time. Status changes are compare-and-set (``gateway/background/status_cas.py``),
+so a cancel and a completion racing each other leave one answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from redis.asyncio import Redis
+
+from gateway.background.status_cas import StatusCas
+from gateway.responses_api import translate
+from gateway.responses_api.schema import TERMINAL_RESPONSE_STATUSES, Response
+from shared import keys
+from shared.access.ownership import ResourceKind, record_owner
+from shared.codec import decode_event
+from shared.jobs.streams import EventReader
+from shared.protocol import TERMINAL_EVENT_TYPES
+
+ACTIVE_KIND = "response"
+# A background response may wait and run this long before its record is at risk.
+RUNNING_TTL_S = 24 * 3600
+_OPEN = ("queued", "in_progress")
+
+
+class ResponseStore:
+    """Stored responses of all tenants; one per gateway process."""
+
+    def __init__(self, redis: Redis, retention_s: int, tick_s: float = 0.2) -> None:
+        self._redis = redis
+        self._retention_s = retention_s
+        self._tick_s = tick_s
+        self._status = StatusCas(redis)
+        self._reader = EventReader(redis)
+
+    async def create(self, tenant: str, response: Response, request_id: str) -> None:
+        """Store a queued background response and list it for a runner."""
+        key = keys.response(response.id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(
+                key,
+                mapping={
+                    "status": response.status,
+                    "record": response.model_dump_json(),
+                    "request_id": request_id,
+                },
+            )
+            pipe.expire(key, RUNNING_TTL_S + self._retention_s)
+            pipe.sadd(keys.active(ACTIVE_KIND), response.id)
+            await pipe.execute()
+        await record_owner(
+            self._redis, ResourceKind.RESPONSE, response.id, tenant, RUNNING_TTL_S + self._retention_s
+        )
+
+    async def get(self, response_id: str) -> Response | None:
+        raw = await self._redis.hget(keys.response(response_id), "record")  # type: ignore[misc]
+        return None if raw is None else Response.model_validate_json(raw)
+
+    async def cancel(self, response_id: str) -> Response | None:
+        """Cancel an unfinished response; the response as it then stands (None: unknown)."""
+        current = await self.get(response_id)
+        if current is None:
+            return None
+        cancelled = current.model_copy(update={"status": "cancelled", "completed_at": time.time()})
+        if await self._settle(response_id, cancelled):
+            return cancelled
+        return await self.get(response_id)
+
+    async def drive(self, response_id: str) -> None:
+        """Watch the job's stream until it ends and store the finished response (the runner's driver)."""
+        request_id = await self._redis.hget(keys.response(response_id), "request_id")  # type: ignore[misc]
+        while (current := await self.get(response_id)) is not None and current.status in _OPEN:
+            last = await self._redis.xrevrange(keys.events(_text(request_id)), count=1)
+            if last and decode_event(last[0][1]).type in TERMINAL_EVENT_TYPES:
+                events = [item.event for item in await self._reader.history(_text(request_id))]
+                await self._settle(
+                    response_id,
+                    translate.finished_response(current, events, _text(request_id), time.time()),
+                )
+            elif last and current.status == "queued":
+                running = current.model_copy(update={"status": "in_progress"})
+                await self._status.change(
+                    keys.response(response_id), "in_progress", ("queued",), _record(running)
+                )
+            await asyncio.sleep(self._tick_s)
+        await self._redis.srem(keys.active(ACTIVE_KIND), response_id)  # type: ignore[misc]
+
+    async def _settle(self, response_id: str, final: Response) -> bool:
+        """Store ``final`` unless the response already ended; then keep it for the retention time."""
+        assert final.status in TERMINAL_RESPONSE_STATUSES
+        changed = await self._status.change(keys.response(response_id), final.status, _OPEN, _record(final))
+        if changed:
+            await self._redis.expire(keys.response(response_id), self._retention_s)
+            await self._redis.srem(keys.active(ACTIVE_KIND), response_id)  # type: ignore[misc]
+        return changed
+
+    async def request_id(self, response_id: str) -> str | None:
+        raw = await self._redis.hget(keys.response(response_id), "request_id")  # type: ignore[misc]
+        return None if raw is None else _text(raw)
+
+
+def _record(response: Response) -> dict[str, str]:
+    return {"record": response.model_dump_json()}
+
+
+def _text(value: bytes | str | None) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

@@ -1,0 +1,1 @@
+"""Owns HuggingFace TGI's native routes: their schema, translation, SSE and errors."""

@@ -1,0 +1,1 @@
+"""Owns access records in Redis: API keys, resource ownership and rate-limit token buckets."""

@@ -1,0 +1,263 @@
+"""Owns the client side of arq: opening a JSON-serializing pool, enqueueing and aborting jobs.
+
+arq is in maintenance mode upstream, so everything the gateway needs from it is
+wrapped here (the worker side lives in ``worker/queue/jobs.py``); replacing arq touches
+these two modules only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from arq.connections import ArqRedis, RedisSettings, create_pool
+from arq.constants import (
+    abort_jobs_ss,
+    in_progress_key_prefix,
+    job_key_prefix,
+    result_key_prefix,
+    retry_key_prefix,
+)
+from arq.jobs import serialize_job
+from redis.connection import SSLConnection, parse_url
+
+from shared import keys
+from shared.codec import deserialize_arq_job, encode_job, serialize_arq_job
+from shared.protocol import GenerationJob, TokenizeJob
+
+logger = logging.getLogger(__name__)
+
+GENERATE_FUNCTION = "generate"
+TOKENIZE_FUNCTION = "tokenize"
+# TLS options a rediss:// URL may carry as query parameters, named as both libraries name them.
+_TLS_OPTIONS = {"ssl_keyfile", "ssl_certfile", "ssl_cert_reqs", "ssl_ca_certs", "ssl_check_hostname"}
+
+
+def redis_settings(url: str) -> RedisSettings:
+    """arq's connection settings for ``url``, read exactly as ``redis.asyncio.Redis.from_url`` reads it.
+
+    arq's own ``from_dsn`` leaves a percent-encoded password encoded and drops TLS
+    query options; redis-py's parser handles both (``rediss://:p%40ss@host/0?ssl_cert_reqs=none``).
+    """
+    parsed: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+    settings = RedisSettings(
+        host=parsed.get("host", "localhost"),
+        port=parsed.get("port", 6379),
+        unix_socket_path=parsed.get("path"),
+        database=parsed.get("db", 0),
+        username=parsed.get("username"),
+        password=parsed.get("password"),
+        ssl=parsed.get("connection_class") is SSLConnection,
+    )
+    for option in _TLS_OPTIONS & parsed.keys():
+        setattr(settings, option, parsed[option])
+    # Fail fast instead of arq's default of retrying the connection for seconds.
+    settings.conn_timeout = 2
+    settings.conn_retries = 0
+    return settings
+
+
+def redacted_url(url: str) -> str:
+    """``url`` with its password masked, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+async def open_pool(url: str, *, connect_timeout_s: float | None = None) -> ArqRedis:
+    """An arq pool that is also a plain async Redis client (bytes replies).
+
+    ``connect_timeout_s`` bounds each (re)connection, so a Redis that is down answers
+    at once. There is deliberately no socket (read) timeout: with one, redis-py at
+    times lost a cancellation that landed mid-read, leaving abandoned requests and
+    shutdowns hanging; a Redis that stalls with its connections open is therefore
+    not detected (see the README).
+    """
+    settings = redis_settings(url)
+    if connect_timeout_s is not None:
+        settings.conn_timeout = connect_timeout_s  # type: ignore[assignment]  # arq types it int
+    return await create_pool(settings, job_serializer=serialize_arq_job, job_deserializer=deserialize_arq_job)
+
+
+# arq's enqueue (a job key, refused when the id exists, plus the queue entry) as one script,
+# with the wake-up and the job's place in line: one round trip instead of arq's three plus two.
+# Keys: job, result, queue, running set. Args: job bytes, expiry ms, score, job id, channel
+# ('' for no wake-up), lane.
+_ENQUEUE = """
+local is_new = 0
+if redis.call('EXISTS', KEYS[1], KEYS[2]) == 0 then
+    redis.call('PSETEX', KEYS[1], ARGV[2], ARGV[1])
+    redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
+    is_new = 1
+end
+if ARGV[5] ~= '' then
+    redis.call('PUBLISH', ARGV[5], ARGV[6])
+end
+local rank = redis.call('ZRANK', KEYS[3], ARGV[4])
+return {is_new, rank or -1, redis.call('SCARD', KEYS[4])}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _QueuedJob:
+    """One arq job as the enqueue script takes it."""
+
+    function: str
+    argument: Any
+    job_id: str
+    model: str
+    lane: keys.Lane
+
+    @classmethod
+    def of(cls, job: GenerationJob, lane: keys.Lane | None) -> _QueuedJob:
+        """``job`` on ``lane`` (default its own); the lane is recorded on the job, so a takeover
+        re-enqueues it on the same lane."""
+        if lane is not None and lane.value != job.lane:
+            job = job.model_copy(update={"lane": lane.value})
+        job_id = keys.attempt_job_id(job.request_id, job.attempt)
+        return cls(GENERATE_FUNCTION, encode_job(job), job_id, job.model, keys.Lane(job.lane))
+
+    def script_call(self, pool: ArqRedis, *, wake: bool) -> tuple[list[str], list[Any]]:
+        """The enqueue script's keys and arguments for this job."""
+        now_ms = int(time.time() * 1000)
+        payload = serialize_job(
+            self.function, (self.argument,), {}, None, now_ms, serializer=pool.job_serializer
+        )
+        script_keys = [
+            job_key_prefix + self.job_id,
+            result_key_prefix + self.job_id,
+            keys.queue(self.model, self.lane),
+            keys.running(self.model),
+        ]
+        args = [
+            payload,
+            str(pool.expires_extra_ms),
+            str(now_ms),
+            self.job_id,
+            keys.wake(self.model) if wake else "",
+            self.lane.value,
+        ]
+        return script_keys, args
+
+    def place_in_line(self, reply: list[int]) -> int:
+        """How many jobs wait ahead, from the script's reply (claimed jobs are not waiting)."""
+        is_new, rank, running = reply
+        if not is_new:
+            # Ids are generated by us and never reused, so an existing job is this very one: a
+            # retried command whose first reply was lost (a Redis restart) already enqueued it.
+            logger.info("job %s was enqueued already", self.job_id)
+        return 0 if rank < 0 else max(0, int(rank) - int(running))
+
+
+async def enqueue(pool: ArqRedis, job: GenerationJob, lane: keys.Lane | None = None) -> int:
+    """Enqueue ``job`` (one attempt of its request) on its lane (``lane`` overrides it), wake
+    idle workers of its model, and return how many of the model's jobs wait ahead of it.
+
+    A duplicate id is refused, never run twice. The wake-up is what keeps time to
+    first token independent of arq's poll interval (``worker/queue/consumer.py``).
+    arq keeps running jobs in its queue too; jobs workers have claimed are in the
+    model's running set, and they are the oldest, so they are not counted as ahead.
+    """
+    return await _enqueue(pool, _QueuedJob.of(job, lane))
+
+
+async def enqueue_many(pool: ArqRedis, jobs: Sequence[GenerationJob], lane: keys.Lane) -> None:
+    """Enqueue ``jobs`` on ``lane`` in one round trip, waking each model's workers once.
+
+    For the batch runner's top-ups: a wake-up per job made every worker poll once per job.
+    """
+    queued = [_QueuedJob.of(job, lane) for job in jobs]
+    if not queued:
+        return
+    script = pool.register_script(_ENQUEUE)  # EVALSHA: the script's text is not sent per job
+    async with pool.pipeline(transaction=False) as pipe:
+        for item in queued:
+            script_keys, args = item.script_call(pool, wake=False)
+            await script(script_keys, args, client=pipe)
+        for model in dict.fromkeys(item.model for item in queued):
+            pipe.publish(keys.wake(model), lane.value)
+        replies = await pipe.execute()
+    for item, reply in zip(queued, replies[: len(queued)], strict=True):
+        item.place_in_line(reply)
+
+
+async def _enqueue(pool: ArqRedis, item: _QueuedJob) -> int:
+    script_keys, args = item.script_call(pool, wake=True)
+    reply = await pool.register_script(_ENQUEUE)(script_keys, args)
+    return item.place_in_line(reply)
+
+
+async def abort(pool: ArqRedis, request_id: str) -> None:
+    """Ask whichever worker holds ``request_id`` (whatever its attempt) to cancel it, or drop it unstarted.
+
+    The cancellation flag stops a takeover from resuming the request later; arq's
+    abort set cancels the attempt running now at the worker's next poll, which the
+    message on ``keys.ABORTS_CHANNEL`` triggers at once.
+    """
+    now_ms = int(time.time() * 1000)
+    async with pool.pipeline(transaction=False) as pipe:
+        pipe.set(keys.cancelled(request_id), b"1", ex=keys.CANCELLED_TTL_S)
+        pipe.zadd(abort_jobs_ss, {request_id: now_ms})
+        pipe.hget(keys.run(request_id), "attempt")
+        *_, attempt = await pipe.execute()
+    if attempt is not None and int(attempt) > 0:
+        await pool.zadd(abort_jobs_ss, {keys.attempt_job_id(request_id, int(attempt)): now_ms})
+    await pool.publish(keys.ABORTS_CHANNEL, request_id)
+
+
+async def forget(
+    pool: ArqRedis, model: str, arq_job_id: str, lane: keys.Lane = keys.Lane.INTERACTIVE
+) -> None:
+    """Drop arq's records of an attempt whose worker died, so it neither counts as queued nor reruns."""
+    async with pool.pipeline(transaction=False) as pipe:
+        pipe.zrem(keys.queue(model, lane), arq_job_id)
+        pipe.delete(
+            in_progress_key_prefix + arq_job_id, job_key_prefix + arq_job_id, retry_key_prefix + arq_job_id
+        )
+        await pipe.execute()
+
+
+async def unclaimed_in_progress(pool: ArqRedis, model: str) -> list[str]:
+    """arq job ids of ``model`` that arq marks running while no run record claims them.
+
+    A worker claims a job (``shared/jobs/run_records.py``) as soon as it starts it, so one that
+    stays like this was picked by a worker that died in between.
+    """
+    async with pool.pipeline(transaction=False) as pipe:
+        for lane in keys.Lane:
+            pipe.zrange(keys.queue(model, lane), 0, -1)
+        queued = [job_id.decode() for ids in await pipe.execute() for job_id in ids]
+    if not queued:
+        return []
+    async with pool.pipeline(transaction=False) as pipe:
+        for job_id in queued:
+            pipe.exists(in_progress_key_prefix + job_id)
+            pipe.exists(keys.run(keys.request_id_of_job(job_id)))
+        flags = await pipe.execute()
+    return [
+        job_id
+        for job_id, running, claimed in zip(queued, flags[::2], flags[1::2], strict=True)
+        if running and not claimed
+    ]
+
+
+async def release(pool: ArqRedis, arq_job_id: str) -> None:
+    """Let arq start a job again, as its first try, whose worker died before claiming it."""
+    await pool.delete(in_progress_key_prefix + arq_job_id, retry_key_prefix + arq_job_id)
+
+
+async def enqueue_tokenize(pool: ArqRedis, job: TokenizeJob) -> None:
+    """Enqueue a tokenize/detokenize job on its model's interactive queue (any worker of it answers)."""
+    await _enqueue(
+        pool,
+        _QueuedJob(
+            TOKENIZE_FUNCTION, job.model_dump(mode="json"), job.request_id, job.model, keys.Lane.INTERACTIVE
+        ),
+    )

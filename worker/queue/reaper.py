@@ -1,0 +1,117 @@
+"""Owns failover: finding jobs whose worker died and putting them back in the queue to be resumed.
+
+Every live worker sweeps its model's run table every ``reap_interval_s``. A job
+whose owner's heartbeat key has expired is moved to its next attempt with one
+atomic script (``run_records.orphan``), so when several workers sweep at once exactly
+one re-enqueues it; arq's records of the dead attempt are dropped so it neither
+counts as queued nor runs again. A job past its deadline is ended with a clear
+``failed`` event instead: its client has given up, or is about to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+
+from arq.connections import ArqRedis
+from redis.exceptions import RedisError
+
+from shared import keys, registry
+from shared.errors import Timeout
+from shared.jobs import jobqueue, run_records
+from shared.jobs.streams import EventWriter
+from shared.logs import request_context
+from shared.protocol import Failed
+
+logger = logging.getLogger(__name__)
+
+# Far above a pick-to-claim gap (one Redis round trip), far below a client's patience.
+UNCLAIMED_GRACE_S = 10.0
+
+
+class Reaper:
+    def __init__(
+        self,
+        pool: ArqRedis,
+        model: str,
+        interval_s: float,
+        on_failover: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._pool = pool
+        self._model = model
+        self._interval_s = interval_s
+        self._writer = EventWriter(pool)
+        self._on_failover = on_failover
+        self._unclaimed_since: dict[str, float] = {}  # arq job id -> first seen running unclaimed
+
+    async def run(self) -> None:
+        """Sweep forever; a Redis outage only skips sweeps."""
+        while True:
+            try:
+                await self.sweep()
+                await self.release_unclaimed()
+            except RedisError as error:
+                logger.warning("takeover sweep failed: %s", error)
+            await asyncio.sleep(self._interval_s)
+
+    async def sweep(self) -> int:
+        """Re-enqueue the jobs of dead workers; returns how many were taken over."""
+        records = await run_records.running_records(self._pool, self._model)
+        if not records:
+            return 0
+        live = {info.worker_id for info in await registry.live_workers(self._pool)}
+        now = time.time()
+        taken = 0
+        for record in records:
+            if _needs_action(record, live, now):
+                with request_context(record.request_id):
+                    taken += await self._take_over(record, now)
+        return taken
+
+    async def _take_over(self, record: run_records.RunRecord, now: float) -> int:
+        outcome = await run_records.orphan(self._pool, record, now)
+        dead_attempt = keys.attempt_job_id(record.request_id, record.attempt)
+        if outcome in (run_records.Orphaning.RACED, run_records.Orphaning.WAITING):
+            return 0
+        await jobqueue.forget(self._pool, self._model, dead_attempt)
+        if outcome is run_records.Orphaning.EXPIRED:
+            logger.warning("dropped: its deadline passed before it could be resumed")
+            error = Timeout("the request's worker died and no worker could resume it before its deadline")
+            await self._writer.publish_step([(record.request_id, Failed(error=error.to_info()))])
+            return 0
+        if outcome is run_records.Orphaning.CANCELLED:
+            logger.info("dropped: cancelled by its client after its worker died")
+            return 0
+        attempt = record.attempt + 1
+        logger.warning("worker of attempt %d is gone; re-enqueued as attempt %d", record.attempt, attempt)
+        await jobqueue.enqueue(self._pool, record.job.model_copy(update={"attempt": attempt}))
+        self._on_failover()
+        return 1
+
+    async def release_unclaimed(self, now: float | None = None) -> list[str]:
+        """Give back to arq the jobs a worker picked but died before claiming (none of ours would wait).
+
+        arq marks a job running when it is picked and, with ``max_tries=1``, would never
+        run it again; a claim follows the pick within milliseconds, so a job seen
+        running and unclaimed for ``UNCLAIMED_GRACE_S`` lost its worker before the claim.
+        """
+        now = time.monotonic() if now is None else now
+        current = set(await jobqueue.unclaimed_in_progress(self._pool, self._model))
+        self._unclaimed_since = {job_id: self._unclaimed_since.get(job_id, now) for job_id in current}
+        stale = [
+            job_id for job_id, since in self._unclaimed_since.items() if now - since >= UNCLAIMED_GRACE_S
+        ]
+        for job_id in stale:
+            logger.warning("job %s was picked by a worker that died before claiming it; released", job_id)
+            await jobqueue.release(self._pool, job_id)
+            del self._unclaimed_since[job_id]
+        return stale
+
+
+def _needs_action(record: run_records.RunRecord, live: set[str], now: float) -> bool:
+    if record.is_queued:
+        deadline = record.job.deadline_at
+        return deadline is not None and deadline < now  # waiting in the queue: only expiry concerns us
+    return run_records.owner_worker(record.owner) not in live

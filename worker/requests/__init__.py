@@ -1,0 +1,1 @@
+"""Owns one request inside the worker: prompt preparation, parameters, stopping, output and choices."""

@@ -1,0 +1,151 @@
+"""Owns one choice's output text: detokenizing its tokens, trimming stop sequences, counting usage.
+
+The engine reports token ids; this turns each update into the protocol events a
+client sees. Text that might be the start of a stop sequence is held back until
+it is known not to be one, so a stop sequence never reaches a streaming client
+even when it arrives split across tokens.
+
+Logprobs ride with the text their tokens produced: while a token's text is held
+back (half a UTF-8 character, a possible stop sequence) its logprob waits too, and
+whatever is still waiting goes out with the choice's last delta (the EOS token's
+included, with its empty text).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from shared.protocol import ChoiceFinished, Delta, FinishReason, PromptLogprob, TokenEvent, TokenLogprob
+from worker.engine import SequenceUpdate
+from worker.requests.logprobs import to_prompt_logprobs, to_token_logprob
+from worker.requests.stopping import StopMatcher
+from worker.requests.tokenization import IncrementalDetokenizer, Tokenizer
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RequestOutput:
+    prompt_tokens: int
+    detokenizer: IncrementalDetokenizer
+    stops: StopMatcher
+    tokenizer: Tokenizer
+    index: int = 0  # the choice this output is
+    wants_logprobs: bool = False
+    completion_tokens: int = 0
+    started_at: float = field(default_factory=time.monotonic)
+    first_token_at: float | None = None
+    # Tokens whose text is not out yet (held back, or an incomplete UTF-8 character): they
+    # ride on the next delta, so the stream's deltas always hold every published token.
+    pending_ids: list[int] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def start(
+        cls,
+        tokenizer: Tokenizer,
+        prompt_ids: tuple[int, ...],
+        stop_sequences: tuple[str, ...],
+        *,
+        index: int = 0,
+        wants_logprobs: bool = False,
+    ) -> RequestOutput:
+        return cls(
+            len(prompt_ids),
+            IncrementalDetokenizer(tokenizer, prompt_ids),
+            StopMatcher(stop_sequences),
+            tokenizer,
+            index=index,
+            wants_logprobs=wants_logprobs,
+            prompt_token_ids=prompt_ids,
+        )
+
+    def replay(self, token_ids: list[int], published_text: str) -> None:
+        """Catch up with tokens an earlier run of this request generated and published (a takeover).
+
+        Afterwards the next event starts exactly where the client's text stops. The text
+        is a pure function of the tokens, so the replay reproduces what was published.
+        """
+        self.completion_tokens += len(token_ids)
+        text = self.stops.feed(self.detokenizer.add(token_ids)).text
+        if text != published_text:
+            logger.error("resumed text differs from the published text: %r != %r", text, published_text)
+
+    def consume(self, update: SequenceUpdate) -> list[TokenEvent]:
+        """Events for one update; the list ends with ``ChoiceFinished`` when the choice is done."""
+        self.completion_tokens += len(update.new_token_ids)
+        if self.first_token_at is None and update.new_token_ids:
+            self.first_token_at = time.monotonic()
+        self.pending_logprobs += [to_token_logprob(score, self.tokenizer) for score in update.logprobs or ()]
+        prompt_logprobs = (
+            None
+            if update.prompt_logprobs is None
+            else to_prompt_logprobs(update.prompt_logprobs, self.prompt_token_ids, self.tokenizer)
+        )
+        text = self.detokenizer.add(update.new_token_ids)
+        if update.is_finished:
+            text += self.detokenizer.flush()
+        result = self.stops.feed(text)
+        # Opt-in only (--log-level DEBUG): generated text is user data and never logged at INFO.
+        logger.debug("generated ids %s text %r", list(update.new_token_ids), text)
+        if result.stop_sequence is not None:
+            return self._delta(result.text, update, prompt_logprobs, is_last=True) + [
+                self._finished(FinishReason.STOP, result.stop_sequence)
+            ]
+        if update.finish_reason is None:
+            return self._delta(result.text, update, prompt_logprobs, is_last=False)
+        return self._delta(result.text + self.stops.flush(), update, prompt_logprobs, is_last=True) + [
+            self._finished(update.finish_reason)
+        ]
+
+    def _delta(
+        self,
+        text: str,
+        update: SequenceUpdate,
+        prompt_logprobs: list[PromptLogprob] | None,
+        *,
+        is_last: bool,
+    ) -> list[TokenEvent]:
+        self.pending_ids.extend(update.new_token_ids)
+        carries_logprobs = prompt_logprobs is not None or (is_last and bool(self.pending_logprobs))
+        if not text and not carries_logprobs:
+            return []
+        logprobs: list[TokenLogprob] = []
+        if text or is_last:  # a delta sent only for the prompt's logprobs leaves held tokens waiting
+            logprobs, self.pending_logprobs = self.pending_logprobs, []
+        token_ids, self.pending_ids = self.pending_ids, []
+        return [
+            Delta(
+                text=text,
+                token_ids=token_ids,
+                index=self.index,
+                logprobs=logprobs if self.wants_logprobs else None,
+                prompt_logprobs=prompt_logprobs,
+            )
+        ]
+
+    def _finished(self, reason: FinishReason, stop_sequence: str | None = None) -> ChoiceFinished:
+        self._log_finish(reason, stop_sequence)
+        return ChoiceFinished(
+            index=self.index,
+            finish_reason=reason,
+            completion_tokens=self.completion_tokens,
+            stop_sequence=stop_sequence,
+        )
+
+    def _log_finish(self, reason: FinishReason, stop_sequence: str | None) -> None:
+        elapsed = time.monotonic() - self.started_at
+        first = (self.first_token_at or time.monotonic()) - self.started_at
+        logger.info(
+            "finished %s%s%s: %d prompt + %d completion tokens, %.1f tok/s, first token %.0f ms",
+            f"choice {self.index} " if self.index else "",
+            reason.value,
+            f" on stop sequence {stop_sequence!r}" if stop_sequence else "",
+            self.prompt_tokens,
+            self.completion_tokens,
+            self.completion_tokens / elapsed if elapsed > 0 else 0.0,
+            first * 1000,
+        )
