@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,6 +33,7 @@ import openai
 
 from bench.stats import percentile
 from shared.redis_server import EmbeddedRedis, free_port
+from shared.supervisor import Child, NotReady, served_models, wait_until
 from tests.processes import spawn_cli, stop_all, wait_for_model
 
 MODEL = "bench-batch-model"
@@ -72,7 +72,7 @@ class Cluster:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def add_worker(self) -> subprocess.Popen[bytes]:
+    def add_worker(self) -> Child:
         engine = [] if self.options.real else ["--engine", "fake", "--model", MODEL]
         env = {"TOKENFERRY_FAKE_STEP_DELAY_S": str(self.options.step_delay)}
         return spawn_cli(
@@ -87,24 +87,20 @@ class Cluster:
         )
 
     def model(self) -> str:
-        wait_for_model(self.url, [self.gateway, *self.workers], MODEL, 300) if not self.options.real else None
-        return MODEL if not self.options.real else _first_model(self.url)
+        if self.options.real:
+            return _first_model(self.url)
+        wait_for_model(self.url, [self.gateway, *self.workers], MODEL, 300)
+        return MODEL
 
     def stop(self) -> None:
         stop_all([self.gateway, *self.workers], timeout_s=10)
 
 
 def _first_model(url: str) -> str:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            data = httpx.get(f"{url}/v1/models", timeout=5).json()["data"]
-            if data:
-                return str(data[0]["id"])
-        except (httpx.HTTPError, ValueError, KeyError):
-            pass
-        time.sleep(0.5)
-    raise RuntimeError("no model was served within 300 s")
+    try:
+        return wait_until(lambda: served_models(url, timeout_s=5), (), timeout_s=300, what="a model")[0]
+    except NotReady:
+        raise RuntimeError("no model was served within 300 s") from None
 
 
 def ttft_s(http: httpx.Client, model: str) -> float | None:

@@ -24,7 +24,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -38,6 +37,7 @@ from redis.asyncio import Redis
 
 from shared import keys, registry
 from shared.redis_server import EmbeddedRedis, free_port
+from shared.supervisor import Child, Supervisor, cli_command
 
 MODEL = "chaos-model"
 STEP_DELAY_S = 0.02
@@ -64,9 +64,10 @@ class Cluster:
     def __init__(self, log_dir: Path) -> None:
         self.redis = EmbeddedRedis(append_only=True)
         self._log_dir = log_dir
+        self._supervisor = Supervisor(grace_s=20)
         self.gateway_ports = [free_port(), free_port()]
-        self.gateways: list[subprocess.Popen[bytes] | None] = [None, None]
-        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.gateways: list[Child | None] = [None, None]
+        self.workers: dict[str, Child] = {}
         self._serial = 0
 
     def urls(self) -> list[str]:
@@ -111,31 +112,18 @@ class Cluster:
             process.wait()
 
     def stop(self) -> None:
-        for process in [*self.workers.values(), *self.gateways]:
-            if process is not None and process.poll() is None:
-                process.terminate()
-        for process in [*self.workers.values(), *self.gateways]:
-            if process is not None:
-                try:
-                    process.wait(timeout=20)
-                except subprocess.TimeoutExpired:
-                    process.kill()
+        self._supervisor.stop()
         self.redis.stop()
 
-    def _spawn(self, name: str, *argv: str) -> subprocess.Popen[bytes]:
-        log = (self._log_dir / f"{name}.log").open("ab")
+    def _spawn(self, name: str, *argv: str) -> Child:
         env = {
             **os.environ,
             "TOKENFERRY_FAKE_STEP_DELAY_S": str(STEP_DELAY_S),
             "TOKENFERRY_LOG_LEVEL": "WARNING",
         }
-        return subprocess.Popen(
-            [sys.executable, "-m", "cli", *argv, "--redis-url", self.redis.url],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,
-        )
+        command = cli_command(*argv, "--redis-url", self.redis.url)
+        # Appended to: a restarted process's log follows its predecessor's.
+        return self._supervisor.start(name, command, env=env, output=self._log_dir / f"{name}.log")
 
 
 def _body(stream: bool = True) -> dict[str, Any]:

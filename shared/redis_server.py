@@ -12,9 +12,10 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from types import TracebackType
+
+from shared.supervisor import Child, ChildExited, NotReady, wait_until
 
 _START_TIMEOUT_S = 10.0
 
@@ -49,7 +50,7 @@ class EmbeddedRedis:
         self.port = port or free_port()
         self._append_only = append_only
         self._dir = tempfile.TemporaryDirectory(prefix="tokenferry-redis-")
-        self._process: subprocess.Popen[bytes] | None = None
+        self._process: Child | None = None
 
     @property
     def url(self) -> str:
@@ -65,21 +66,31 @@ class EmbeddedRedis:
             "--appendonly", "yes" if self._append_only else "no",
             "--protected-mode", "yes",
         ]  # fmt: skip
-        self._process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self._wait_ready()
+        # In the caller's process group: a Ctrl-C in the terminal stops it even where the caller's
+        # clean-up never runs (a test run interrupted before its session teardown).
+        self._process = Child(
+            "redis-server", command, output=subprocess.DEVNULL, stderr=subprocess.PIPE, own_session=False
+        )
+        self._wait_ready(self._process)
         return self
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self._process is not None and self._process.poll() is not None:
-                stderr = self._process.stderr.read().decode() if self._process.stderr else ""
-                raise RedisServerError(f"redis-server exited at start: {stderr.strip()}")
-            if _answers_ping(self.port):
-                return
-            time.sleep(0.05)
-        self.stop()
-        raise RedisServerError(f"redis-server did not answer on port {self.port} within {_START_TIMEOUT_S} s")
+    def _wait_ready(self, process: Child) -> None:
+        try:
+            wait_until(
+                lambda: _answers_ping(self.port),
+                [process],
+                timeout_s=_START_TIMEOUT_S,
+                what="redis-server",
+                interval_s=0.05,
+            )
+        except ChildExited:
+            stderr = process.stderr.read().decode() if process.stderr else ""
+            raise RedisServerError(f"redis-server exited at start: {stderr.strip()}") from None
+        except NotReady:
+            self.stop()
+            raise RedisServerError(
+                f"redis-server did not answer on port {self.port} within {_START_TIMEOUT_S} s"
+            ) from None
 
     def restart(self) -> None:
         """Stop the server gracefully (it writes its append-only file) and start it on the same data."""
@@ -91,13 +102,8 @@ class EmbeddedRedis:
         self._dir.cleanup()
 
     def _stop_process(self) -> None:
-        if self._process is not None and self._process.poll() is None:
-            self._process.terminate()
-            try:
-                self._process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self._process.kill()
-                self._process.wait()
+        if self._process is not None:
+            self._process.stop(grace_s=5)
         self._process = None
 
     def __enter__(self) -> EmbeddedRedis:

@@ -10,8 +10,6 @@ pipe while the stack runs, and a full one would block the process that writes it
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -19,18 +17,14 @@ from pathlib import Path
 from typing import IO
 
 from shared.redis_server import free_port
-from tests.processes import stop_all, wait_for_model
+from shared.supervisor import Child
+from tests.processes import serving, spawn_cli
 
 START_TIMEOUT_S = 60.0
 
 
-def _spawn(log: IO[bytes], *argv: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "cli", *argv, "--log-level", "WARNING"],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
+def _spawn(log: IO[bytes], *argv: str) -> Child:
+    return spawn_cli(*argv, "--log-level", "WARNING", output=log)
 
 
 @contextlib.contextmanager
@@ -49,11 +43,9 @@ def served_stack(redis_url: str, model: str, *, max_model_len: int = 256) -> Ite
             _spawn(log, "gateway", "--redis-url", redis_url, "--port", str(port)),
         ]  # fmt: skip
         try:
-            wait_for_model(f"http://127.0.0.1:{port}", processes, model, START_TIMEOUT_S)
-            yield f"http://127.0.0.1:{port}"
+            with serving(f"http://127.0.0.1:{port}", processes, model, START_TIMEOUT_S) as base_url:
+                yield base_url
         except BaseException:
             log.seek(0)
             sys.stderr.write(log.read().decode(errors="replace")[-5000:])
             raise
-        finally:
-            stop_all(processes)

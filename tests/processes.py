@@ -1,60 +1,76 @@
-"""Helpers for tests that run real tokenferry processes: wait until a model is served, stop them all."""
+"""Owns what tests of real tokenferry processes share: start them, await a model, stop them, read SSE.
+
+The processes stay in the test run's process group (``own_session=False``): a Ctrl-C
+in the terminal reaches them too, even where pytest skips a fixture's teardown.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
-import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
+from shared.supervisor import (
+    Child,
+    ChildExited,
+    NotReady,
+    Output,
+    cli_command,
+    served_models,
+    stop,
+    wait_until,
+)
 
-def wait_for_model(
-    base_url: str, processes: list[subprocess.Popen[bytes]], model: str, timeout_s: float
-) -> None:
+
+def wait_for_model(base_url: str, processes: Sequence[Child], model: str, timeout_s: float) -> None:
     """Block until ``model`` is listed by the gateway; fail if a process exits first.
 
     Other tests' workers may share the session's Redis, so the model is awaited by name.
     """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        exited = [process for process in processes if process.poll() is not None]
-        if exited:
-            output = exited[0].stdout.read().decode() if exited[0].stdout else "(see its log)"
-            raise AssertionError(f"a process exited during start-up: {output}")
-        try:
-            served = httpx.get(f"{base_url}/v1/models", timeout=5).json()["data"]
-            if any(entry["id"] == model for entry in served):
-                return
-        except (httpx.HTTPError, ValueError, KeyError):
-            pass
-        time.sleep(0.2)
-    raise AssertionError(f"{model} was not served within {timeout_s} s")
+    try:
+        wait_until(
+            lambda: model in served_models(base_url, timeout_s=5),
+            processes,
+            timeout_s=timeout_s,
+            what=model,
+            interval_s=0.2,
+        )
+    except ChildExited as failure:
+        exited = failure.child
+        output = exited.stdout.read().decode() if exited.stdout else "(see its log)"
+        raise AssertionError(f"a process exited during start-up: {output}") from None
+    except NotReady:
+        raise AssertionError(f"{model} was not served within {timeout_s} s") from None
 
 
-def stop_all(processes: list[subprocess.Popen[bytes]], timeout_s: float = 30.0) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.terminate()
-    for process in processes:
-        try:
-            process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
+def stop_all(processes: Sequence[Child], timeout_s: float = 30.0) -> None:
+    stop(processes, grace_s=timeout_s)
 
 
-def spawn_cli(*argv: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """``tokenferry <argv>`` as a child process, its output captured."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
+@contextmanager
+def serving(base_url: str, processes: Sequence[Child], model: str, timeout_s: float) -> Iterator[str]:
+    """``base_url`` once ``model`` is served there; ``processes`` stopped on exit, whatever the exit."""
+    try:
+        wait_for_model(base_url, processes, model, timeout_s)
+        yield base_url
+    finally:
+        stop_all(processes)
+
+
+def spawn_cli(*argv: str, env: dict[str, str] | None = None, output: Output = subprocess.PIPE) -> Child:
+    """``tokenferry <argv>`` as a child process, its output captured (or sent to ``output``)."""
+    return Child(
+        argv[0] if argv else "tokenferry",
+        cli_command(*argv),
         env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+        output=output,
+        own_session=False,
     )
 
 

@@ -10,34 +10,31 @@ stops: a half cluster is worse than a clear exit.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import os
-import signal
 import sys
 import tempfile
 import threading
-import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 
 from deploy.cluster import nginx
-from deploy.cluster.processes import Child, first_exited, spawn, stop
 from deploy.cluster.redis_probe import live_worker_count, ping
 from shared.redis_server import find_redis_binary, free_port
+from shared.supervisor import (
+    Child,
+    StopRequested,
+    Supervisor,
+    SupervisorError,
+    cli_command,
+    ctrl_c_ignored,
+    get_json,
+    stop_on_signals,
+    wait_until,
+    watch,
+)
 
 READY_LINE = "tokenferry cluster ready at"
-
-
-class _Stop(Exception):
-    """Ctrl-C or SIGTERM arrived; unwinds the supervisor from its wait loops."""
-
-
-class _Failed(Exception):
-    """A process exited during start-up, or the cluster was not ready in time."""
 
 
 @dataclass(frozen=True)
@@ -75,7 +72,6 @@ def plan(args: argparse.Namespace, run_dir: Path, nginx_binary: Path) -> Plan:
     redis_port = free_port()
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     gateway_ports = [free_port() for _ in range(args.gateways)]
-    tokenferry = [sys.executable, "-m", "cli"]
     worker_flags = [
         part
         for name in ("engine", "model")
@@ -88,9 +84,9 @@ def plan(args: argparse.Namespace, run_dir: Path, nginx_binary: Path) -> Plan:
     return Plan(
         redis_url=redis_url,
         redis=_redis_command(redis_port, run_dir / "redis"),
-        workers=[[*tokenferry, "worker", "--redis-url", redis_url, *worker_flags]] * args.workers,
+        workers=[cli_command("worker", "--redis-url", redis_url, *worker_flags)] * args.workers,
         gateways=[
-            [*tokenferry, "gateway", "--redis-url", redis_url, "--host", "127.0.0.1", "--port", str(port)]
+            cli_command("gateway", "--redis-url", redis_url, "--host", "127.0.0.1", "--port", str(port))
             for port in gateway_ports
         ],
         nginx=nginx.command(nginx_binary, run_dir, config),
@@ -122,55 +118,64 @@ def main(argv: list[str] | None = None) -> int:
     except nginx.NginxNotFound as error:
         print(f"tokenferry cluster: {error}", file=sys.stderr)
         return 1
-    stop_event = _stop_on_signals()
+    stop_event = stop_on_signals()
     with tempfile.TemporaryDirectory(prefix="tokenferry-cluster-") as run_dir:
         return run(plan(args, Path(run_dir), nginx_binary), args, stop_event)
 
 
+@dataclass(frozen=True)
+class _Tiers:
+    """One supervisor per tier, stopped front to back: nginx, then gateways and workers, Redis last."""
+
+    redis: Supervisor
+    servers: Supervisor
+    front: Supervisor
+
+
 def run(topology: Plan, args: argparse.Namespace, stop_event: threading.Event) -> int:
     """Start the tiers in order, serve until a signal or a death, then stop them in reverse."""
-    redis: list[Child] = []
-    tiers: list[Child] = []
-    front: list[Child] = []
+    grace_s = args.stop_timeout
+    tiers = _Tiers(redis=Supervisor(grace_s), servers=Supervisor(grace_s), front=Supervisor(grace_s))
     try:
-        redis.append(spawn("redis", topology.redis))
-        _wait(lambda: ping(topology.redis_url), redis, stop_event, 10.0, "Redis")
-        tiers += [spawn(f"worker-{i}", argv, _worker_env(i)) for i, argv in enumerate(topology.workers, 1)]
-        tiers += [spawn(f"gateway-{i}", argv) for i, argv in enumerate(topology.gateways, 1)]
-        _wait(lambda: _gateways_answer(topology), redis + tiers, stop_event, args.ready_timeout, "gateways")
-        front.append(spawn("nginx", topology.nginx))
-        everyone = redis + tiers + front
-        _wait(lambda: _serving(topology), everyone, stop_event, args.ready_timeout, "the cluster")
-        _print_banner(topology, args)
-        return _wait_for_exit(everyone, stop_event)
-    except _Stop:
+        return _start_and_serve(topology, args, stop_event, tiers)
+    except StopRequested:
         return 0
-    except _Failed as failure:
+    except SupervisorError as failure:  # a process exited during start-up, or a tier was not ready in time
         print(f"tokenferry cluster: {failure}", file=sys.stderr)
         return 1
     finally:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not abandon the children
-        stop(front, args.stop_timeout)
-        stop(tiers, args.stop_timeout)
-        stop(redis, args.stop_timeout)
+        with ctrl_c_ignored():  # a second Ctrl-C must not abandon the children
+            for tier in (tiers.front, tiers.servers, tiers.redis):
+                tier.stop()
         print("tokenferry cluster: stopped", file=sys.stderr, flush=True)
+
+
+def _start_and_serve(
+    topology: Plan, args: argparse.Namespace, stop_event: threading.Event, tiers: _Tiers
+) -> int:
+    tiers.redis.start("redis", topology.redis)
+    _wait(lambda: ping(topology.redis_url), tiers.redis.children, stop_event, 10.0, "Redis")
+    for i, argv in enumerate(topology.workers, 1):
+        tiers.servers.start(f"worker-{i}", argv, env=_worker_env(i))
+    for i, argv in enumerate(topology.gateways, 1):
+        tiers.servers.start(f"gateway-{i}", argv)
+    started = tiers.redis.children + tiers.servers.children
+    _wait(lambda: _gateways_answer(topology), started, stop_event, args.ready_timeout, "gateways")
+    tiers.front.start("nginx", topology.nginx)
+    everyone = started + tiers.front.children
+    _wait(lambda: _serving(topology), everyone, stop_event, args.ready_timeout, "the cluster")
+    _print_banner(topology, args)
+    exited = watch(everyone, stop_event)
+    if exited is None:
+        return 0
+    code = exited.returncode
+    print(f"tokenferry cluster: {exited.name} exited with code {code}; stopping all", file=sys.stderr)
+    return code or 1
 
 
 def _worker_env(index: int) -> dict[str, str]:
     # Named workers make `tokenferry status` and the logs readable.
     return {**os.environ, "TOKENFERRY_WORKER_ID": f"cluster-worker-{index}"}
-
-
-def _stop_on_signals() -> threading.Event:
-    """An event set by Ctrl-C or SIGTERM, polled by the wait loops (raising in a handler can cut a write)."""
-    event = threading.Event()
-
-    def request_stop(signum: int, frame: FrameType | None) -> None:
-        event.set()
-
-    signal.signal(signal.SIGINT, request_stop)
-    signal.signal(signal.SIGTERM, request_stop)
-    return event
 
 
 def _wait(
@@ -180,48 +185,19 @@ def _wait(
     timeout_s: float,
     what: str,
 ) -> None:
-    """Poll ``condition`` until it holds; fail if a child exits or the deadline passes."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        exited = first_exited(children)
-        if exited is not None:
-            raise _Failed(f"{exited.name} exited with code {exited.process.returncode} during start-up")
-        with contextlib.suppress(OSError, ValueError):  # not listening yet, or a half-started reply
-            if condition():
-                return
-        if stop_event.wait(0.3):
-            raise _Stop
-    raise _Failed(f"{what} was not ready within {timeout_s:.0f} s")
+    wait_until(condition, children, timeout_s=timeout_s, what=what, interval_s=0.3, stop_event=stop_event)
 
 
 def _gateways_answer(topology: Plan) -> bool:
     for url in topology.gateway_urls:
-        _get_json(f"{url}/health")  # raises until it answers 200
+        get_json(f"{url}/health")  # raises until it answers 200
     return True
 
 
 def _serving(topology: Plan) -> bool:
     """A model listed through nginx, and every worker registered."""
-    models = _get_json(f"{topology.url}/models").get("data")
+    models = get_json(f"{topology.url}/models").get("data")
     return bool(models) and live_worker_count(topology.redis_url) >= len(topology.workers)
-
-
-def _get_json(url: str) -> dict[str, object]:
-    with urllib.request.urlopen(url, timeout=2) as response:
-        loaded = json.load(response)
-    if not isinstance(loaded, dict):
-        raise ValueError(f"{url} answered {loaded!r}")
-    return loaded
-
-
-def _wait_for_exit(children: list[Child], stop_event: threading.Event) -> int:
-    while not stop_event.wait(0.5):
-        exited = first_exited(children)
-        if exited is not None:
-            code = exited.process.returncode
-            print(f"tokenferry cluster: {exited.name} exited with code {code}; stopping all", file=sys.stderr)
-            return code or 1
-    return 0
 
 
 def _print_banner(topology: Plan, args: argparse.Namespace) -> None:

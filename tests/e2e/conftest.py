@@ -6,28 +6,18 @@ real-model worker on the shared Redis would answer those tests' requests too.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import openai
 import pytest
 
 from shared.redis_server import EmbeddedRedis, free_port
 from shared.settings import BUNDLED_MODEL
-from tests.processes import stop_all, wait_for_model
+from tests.processes import serving, spawn_cli
 
 READY_TIMEOUT_S = 600.0  # a fresh machine converts the bundled GGUF first (~35 s on 2 cores)
-
-
-def _spawn(role: str, *argv: str, log_path: str) -> subprocess.Popen[bytes]:
-    log = open(log_path, "wb")  # noqa: SIM115 - closed with the process
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "cli", role, *argv], stdout=log, stderr=log, env=env
-    )
 
 
 @pytest.fixture(scope="session")
@@ -38,21 +28,15 @@ def e2e_redis() -> Iterator[EmbeddedRedis]:
 
 @pytest.fixture(scope="session")
 def gateway_url(e2e_redis: EmbeddedRedis) -> Iterator[str]:
-    redis_server = e2e_redis
+    redis_url = e2e_redis.url
     port = free_port()
-    logs = tempfile.mkdtemp(prefix="tokenferry-e2e-")
+    logs = Path(tempfile.mkdtemp(prefix="tokenferry-e2e-"))
     processes = [
-        _spawn("worker", "--redis-url", redis_server.url, log_path=f"{logs}/worker.log"),
-        _spawn(
-            "gateway", "--redis-url", redis_server.url, "--port", str(port), log_path=f"{logs}/gateway.log"
-        ),
+        spawn_cli("worker", "--redis-url", redis_url, output=logs / "worker.log"),
+        spawn_cli("gateway", "--redis-url", redis_url, "--port", str(port), output=logs / "gateway.log"),
     ]
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_model(base_url, processes, BUNDLED_MODEL, READY_TIMEOUT_S)
+    with serving(f"http://127.0.0.1:{port}", processes, BUNDLED_MODEL, READY_TIMEOUT_S) as base_url:
         yield base_url
-    finally:
-        stop_all(processes)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -19,6 +18,7 @@ from redis.asyncio import Redis
 
 from shared import keys
 from shared.redis_server import free_port
+from shared.supervisor import Child
 from tests.processes import StreamReader, chat_text, spawn_cli, stop_all, wait_for_model
 
 # Generous: the real model on 2 busy cores, loaded by two workers.
@@ -35,9 +35,9 @@ class Cluster:
     def __init__(self, redis_url: str) -> None:
         self.redis_url = redis_url
         self.model = f"failover-{uuid.uuid4().hex[:8]}"
-        self.gateway: subprocess.Popen[bytes] | None = None
+        self.gateway: Child | None = None
         self.url = ""
-        self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.workers: dict[str, Child] = {}
 
     def start(self, *worker_names: str) -> None:
         for name in worker_names:
@@ -57,7 +57,7 @@ class Cluster:
         return worker_id.removeprefix(f"{self.model}-")
 
     @property
-    def processes(self) -> list[subprocess.Popen[bytes]]:
+    def processes(self) -> list[Child]:
         return [*self.workers.values(), *([self.gateway] if self.gateway else [])]
 
     def stop(self) -> None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -26,6 +25,7 @@ from redis import Redis
 from shared import keys
 from shared.redis_server import EmbeddedRedis, free_port
 from shared.settings import WorkerSettings
+from shared.supervisor import Child
 from tests.processes import spawn_cli, stop_all, wait_for_model
 
 MODEL = "batch-model"
@@ -38,8 +38,8 @@ BATCH_TIMEOUT_S = 90.0
 @dataclass
 class Stack:
     redis: EmbeddedRedis
-    gateways: list[tuple[subprocess.Popen[bytes], str]] = field(default_factory=list)
-    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    gateways: list[tuple[Child, str]] = field(default_factory=list)
+    workers: list[Child] = field(default_factory=list)
 
     gateway_env: dict[str, str] = field(default_factory=dict)
 
@@ -52,7 +52,7 @@ class Stack:
         self.gateways.append((process, f"http://127.0.0.1:{port}"))
         return f"http://127.0.0.1:{port}"
 
-    def add_worker(self, step_delay_s: float) -> subprocess.Popen[bytes]:
+    def add_worker(self, step_delay_s: float) -> Child:
         process = spawn_cli(
             "worker", "--redis-url", self.redis.url, "--engine", "fake", "--model", MODEL,
             "--poll-delay", "0.01", "--log-level", "WARNING",
@@ -61,7 +61,7 @@ class Stack:
         self.workers.append(process)
         return process
 
-    def processes(self) -> list[subprocess.Popen[bytes]]:
+    def processes(self) -> list[Child]:
         return [*self.workers, *(process for process, _ in self.gateways)]
 
     def wait_ready(self) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
 import time
 import uuid
 from collections.abc import Iterator
@@ -20,6 +19,7 @@ from redis.asyncio import Redis
 
 from shared import keys
 from shared.redis_server import EmbeddedRedis, free_port
+from shared.supervisor import Child
 from tests.processes import StreamReader, chat_text, parse_sse, spawn_cli, stop_all, wait_for_model
 
 START_TIMEOUT_S = 60.0
@@ -32,8 +32,8 @@ LONG = 240  # tokens of a long stream: ~7 s at STEP_DELAY_S
 class Cluster:
     redis_url: str
     model: str = field(default_factory=lambda: f"fault-{uuid.uuid4().hex[:8]}")
-    gateways: dict[str, tuple[subprocess.Popen[bytes], str]] = field(default_factory=dict)
-    workers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    gateways: dict[str, tuple[Child, str]] = field(default_factory=dict)
+    workers: dict[str, Child] = field(default_factory=dict)
 
     def add_gateway(self, name: str, *flags: str) -> str:
         port = free_port()

@@ -27,6 +27,7 @@ from deploy.cluster.main import READY_LINE
 from shared import keys
 from shared.redis_server import free_port
 from shared.settings import WorkerSettings
+from shared.supervisor import Child, ChildExited, NotReady, wait_until
 from tests.deployment import ROOT
 
 START_TIMEOUT_S = 120.0
@@ -36,7 +37,7 @@ SCRIPT = WorkerSettings.model_fields["fake_script"].default
 
 @dataclass
 class Cluster:
-    process: subprocess.Popen[bytes]
+    process: Child
     log: Path
     base_url: str
 
@@ -50,13 +51,18 @@ class Cluster:
 
 
 def _wait_ready(cluster: Cluster) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while READY_LINE not in cluster.output():
-        if cluster.process.poll() is not None:
-            pytest.fail(f"the cluster exited with {cluster.process.returncode}:\n{cluster.output()[-4000:]}")
-        if time.monotonic() > deadline:
-            pytest.fail(f"the cluster was not ready within {START_TIMEOUT_S} s:\n{cluster.output()[-4000:]}")
-        time.sleep(0.2)
+    try:
+        wait_until(
+            lambda: READY_LINE in cluster.output(),
+            [cluster.process],
+            timeout_s=START_TIMEOUT_S,
+            what="the cluster",
+            interval_s=0.2,
+        )
+    except ChildExited:
+        pytest.fail(f"the cluster exited with {cluster.process.returncode}:\n{cluster.output()[-4000:]}")
+    except NotReady:
+        pytest.fail(f"the cluster was not ready within {START_TIMEOUT_S} s:\n{cluster.output()[-4000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -65,10 +71,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     log = tmp_path_factory.mktemp("cluster") / "cluster.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENFERRY_FAKE_STEP_DELAY_S": str(STEP_DELAY_S)}
     argv = ["--engine", "fake", "--port", str(port), "--ready-timeout", "90", "--stop-timeout", "20"]
-    with open(log, "wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "deploy.cluster", *argv], cwd=ROOT, env=env, stdout=sink, stderr=sink
-        )
+    command = [sys.executable, "-m", "deploy.cluster", *argv]
+    process = Child("cluster", command, cwd=ROOT, env=env, output=log, own_session=False)
     started = Cluster(process, log, f"http://127.0.0.1:{port}/v1")
     try:
         _wait_ready(started)

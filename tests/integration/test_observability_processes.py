@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,7 +17,7 @@ import pytest
 
 from shared.redis_server import EmbeddedRedis, free_port
 from tests.helpers import FAKE_MODEL, chat_body
-from tests.processes import stop_all, wait_for_model
+from tests.processes import serving, spawn_cli
 from tests.scrape import Scrape
 
 START_TIMEOUT_S = 60.0
@@ -32,16 +31,6 @@ class JsonStack:
     metrics_url: str
     gateway_log: Path
     worker_log: Path
-
-
-def _spawn(log: Path, *argv: str) -> subprocess.Popen[bytes]:
-    with log.open("wb") as sink:
-        return subprocess.Popen(
-            [sys.executable, "-m", "cli", *argv],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "HF_HUB_OFFLINE": "1"},
-        )
 
 
 @pytest.fixture(scope="module")
@@ -62,24 +51,16 @@ def json_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JsonStack]:
         logs / "worker.log",
     )
     worker_flags = ["--engine", "fake", "--model", FAKE_MODEL, "--metrics-port", str(metrics_port)]
+    worker = ["worker", "--redis-url", redis_url, "--log-format", "json", *worker_flags]
+    gateway = ["gateway", "--redis-url", redis_url, "--port", str(port), "--log-format", "json"]
     processes = [
-        _spawn(stack.worker_log, "worker", "--redis-url", redis_url, "--log-format", "json", *worker_flags),
-        _spawn(
-            stack.gateway_log,
-            "gateway",
-            "--redis-url",
-            redis_url,
-            "--port",
-            str(port),
-            "--log-format",
-            "json",
-        ),
+        spawn_cli(*worker, output=stack.worker_log),
+        spawn_cli(*gateway, output=stack.gateway_log),
     ]
     try:
-        wait_for_model(stack.base_url, processes, FAKE_MODEL, START_TIMEOUT_S)
-        yield stack
+        with serving(stack.base_url, processes, FAKE_MODEL, START_TIMEOUT_S):
+            yield stack
     finally:
-        stop_all(processes)
         private_redis.stop()
 
 

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 
 import httpx
@@ -18,18 +16,9 @@ from redis.asyncio import Redis
 from shared import keys
 from shared.redis_server import free_port
 from tests.helpers import FAKE_MODEL, chat_body
-from tests.processes import stop_all, wait_for_model
+from tests.processes import serving, spawn_cli
 
 START_TIMEOUT_S = 60.0
-
-
-def _spawn(*argv: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
-    )
 
 
 @pytest.fixture
@@ -37,15 +26,11 @@ def slow_stack(redis_url: str, redis: Redis) -> Iterator[str]:
     """A gateway and a fake-engine worker whose steps take 20 ms, as separate processes."""
     port = free_port()
     processes = [
-        _spawn("worker", "--redis-url", redis_url, "--engine", "fake", "--model", FAKE_MODEL),
-        _spawn("gateway", "--redis-url", redis_url, "--port", str(port)),
+        spawn_cli("worker", "--redis-url", redis_url, "--engine", "fake", "--model", FAKE_MODEL),
+        spawn_cli("gateway", "--redis-url", redis_url, "--port", str(port)),
     ]
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_for_model(base_url, processes, FAKE_MODEL, START_TIMEOUT_S)
+    with serving(f"http://127.0.0.1:{port}", processes, FAKE_MODEL, START_TIMEOUT_S) as base_url:
         yield base_url
-    finally:
-        stop_all(processes)
 
 
 @pytest.fixture(autouse=True)
@@ -84,7 +69,7 @@ async def test_every_response_carries_a_request_id(slow_stack: str) -> None:
 
 def test_serve_starts_everything_and_ctrl_c_stops_everything() -> None:
     port = free_port()
-    serve = _spawn("serve", "--port", str(port), "--engine", "fake", "--model", FAKE_MODEL)
+    serve = spawn_cli("serve", "--port", str(port), "--engine", "fake", "--model", FAKE_MODEL)
     base_url = f"http://127.0.0.1:{port}"
     output = ""
     try:
