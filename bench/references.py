@@ -180,7 +180,7 @@ def continuous_batching(loaded: LoadedModel, prompts: Sequence[list[int]], new_t
 
 
 def worker_engine(loaded: LoadedModel, max_batch_size: int | None = None) -> TransformersEngine:
-    """The batched engine with the worker's limits and prefix cache, as ``worker.main._build_engine``."""
+    """The batched engine with the worker's limits and prefix cache, as ``worker/model/backend.py`` has it."""
     from shared.settings import WorkerSettings
     from worker.engine.hf import TransformersEngine
     from worker.engine.scheduler import BatchLimits

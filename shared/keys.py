@@ -26,13 +26,23 @@
 | tf:active:{kind}             | set    | gateway | runner          | members removed when work ends       |
 | tf:lease:{kind}:{id}         | string | runner  | runner          | RUNNER_LEASE_S, renewed while held   |
 | tf:response:{response_id}    | hash   | gateway | gateway, runner | window + retention; retention at end |
+| arq:job:{job_id}             | string | both    | worker (arq)    | arq's expiry; deleted when it ends   |
+| arq:in-progress:{job_id}     | string | worker  | worker, reaper  | job timeout + 10 s; deleted at end   |
+| arq:retry:{job_id}           | string | worker  | worker (arq)    | arq's; deleted when the job ends     |
+| arq:result:{job_id}          | string | nobody  | enqueue script  | never written (``keep_result=0``)     |
+| arq:abort                    | zset   | gateway | worker (arq)    | arq removes the ids it cancelled     |
 
 "runner" is ``gateway/background/runner.py`` (each gateway runs one); ``*``: set, hash or lists.
 
-"keys" is ``shared/access/apikeys.py``, called by ``tokenferry keys`` and ``/admin/keys``.
+"keys" is ``shared/access/apikeys.py``, called by ``tokenferry keys`` and ``/admin/keys``;
+"both": the gateway and the worker (a handover, a takeover).
 
-arq's own keys (``arq:job:*``, ``arq:in-progress:*``, ``arq:abort``) are named by arq;
-only ``shared/jobs/jobqueue.py`` and ``worker/queue/jobs.py`` touch them.
+The ``arq:`` keys are arq's own: arq names them, and they are spelled here (``ARQ_*``,
+equal to ``arq.constants``, which a unit test checks) for the code that reproduces
+arq's layout without arq: the enqueue script and the clean-up of dead attempts
+(``shared/jobs/jobqueue.py``) and the claim script (``worker/queue/consumer.py``).
+arq itself is imported only by ``shared/jobs/arq_seam.py``. A job id is a request id,
+or one of its attempts' (``attempt_job_id``).
 """
 
 from __future__ import annotations
@@ -130,6 +140,14 @@ def wake(model: str) -> str:
 
 # Pub/sub channel on which every abort is announced: workers poll arq's abort set at once.
 ABORTS_CHANNEL = f"{PREFIX}aborts"
+
+# arq's keys (its ``arq.constants``): a job's payload, its claim, its try count, its
+# result, and the set of job ids a client asked to abort.
+ARQ_JOB_PREFIX = "arq:job:"
+ARQ_IN_PROGRESS_PREFIX = "arq:in-progress:"
+ARQ_RETRY_PREFIX = "arq:retry:"
+ARQ_RESULT_PREFIX = "arq:result:"
+ARQ_ABORTS = "arq:abort"
 
 
 def request_view(request_id: str) -> str:

@@ -17,6 +17,7 @@ from shared import keys
 from shared.jobs.streams import EventReader
 from shared.protocol import TokenEvent
 from shared.settings import GatewaySettings, WorkerSettings
+from worker.driver.engine_driver import DEFAULT_TUNING, DriverTuning
 from worker.main import build_worker
 
 FAKE_MODEL = "fake-model"
@@ -24,16 +25,21 @@ FAKE_MODEL = "fake-model"
 
 @contextlib.asynccontextmanager
 async def running_stack(
-    redis_url: str, *, gateway: Mapping[str, Any] | None = None, **worker_overrides: Any
+    redis_url: str,
+    *,
+    gateway: Mapping[str, Any] | None = None,
+    tuning: DriverTuning = DEFAULT_TUNING,
+    **worker_overrides: Any,
 ) -> AsyncIterator[httpx.AsyncClient]:
     """A real arq worker with the fake engine and the real gateway app, both in this event loop.
 
     ``gateway`` overrides gateway settings; with static keys there, the start-up probe uses the first.
+    ``tuning`` moves the worker's step-loop trade-offs; other keywords override worker settings.
     """
     worker_settings = WorkerSettings(
         redis_url=redis_url, engine="fake", model=FAKE_MODEL, poll_delay_s=0.01, **worker_overrides
     )
-    worker = build_worker(worker_settings, handle_signals=False)
+    worker = build_worker(worker_settings, handle_signals=False, tuning=tuning)
     worker_task = asyncio.create_task(worker.async_run())
     gateway_settings = GatewaySettings(redis_url=redis_url, request_timeout_s=30, **(gateway or {}))
     probe_key = next(iter(gateway_settings.admin_api_keys + gateway_settings.api_keys), None)

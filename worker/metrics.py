@@ -1,7 +1,7 @@
 """Owns the worker's Prometheus metrics and its load summary for the heartbeat.
 
 The driver feeds it between engine steps (``observe_engine``, ``observe_step``,
-``observe_admission``); nothing here runs inside the engine step itself, so the
+``observe_acceptance``); nothing here runs inside the engine step itself, so the
 compute thread never touches prometheus_client. Each worker builds its own
 ``CollectorRegistry`` (several in-process workers in tests never collide), and
 serves it on ``--metrics-port`` with prometheus_client's threaded HTTP server.
@@ -116,7 +116,7 @@ class WorkerMetrics:
             buckets=QUEUE_WAIT_SECONDS_BUCKETS,
         )
         self.prompt_tokens = Counter(
-            "prompt_tokens", "Prompt tokens of admitted requests.", namespace=NAMESPACE, registry=registry
+            "prompt_tokens", "Prompt tokens of accepted requests.", namespace=NAMESPACE, registry=registry
         )
         self.generation_tokens = Counter(
             "generation_tokens", "Tokens generated.", namespace=NAMESPACE, registry=registry
@@ -156,8 +156,8 @@ class WorkerMetrics:
         self.generation_tokens.inc(generated)
         self._generated += generated
 
-    def observe_admission(self, job: GenerationJob, prompt_tokens: int) -> None:
-        """A job the engine accepted: its prompt and how long it waited for this worker."""
+    def observe_acceptance(self, job: GenerationJob, prompt_tokens: int) -> None:
+        """A job this worker accepted: its prompt and how long it waited for this worker."""
         self.prompt_tokens.inc(prompt_tokens)
         # created_at is the gateway's clock: skew between hosts shows up here, never below zero.
         self.queue_wait.observe(max(0.0, time.time() - job.created_at))

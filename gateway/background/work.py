@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Annotated
 
-from arq.connections import ArqRedis
 from fastapi import Depends, FastAPI, Request
 
 from gateway.background.runner import Driver, Runner
@@ -25,6 +24,7 @@ from gateway.batches.files import FileStore
 from gateway.batches.run import BatchContext, run_batch
 from gateway.batches.store import BatchStore
 from gateway.responses_api.store import ResponseStore
+from shared.jobs.arq_seam import QueuePool
 from shared.settings import GatewaySettings
 
 
@@ -36,7 +36,7 @@ class Background:
     max_file_bytes: int
 
 
-def build_background(settings: GatewaySettings, pool: ArqRedis) -> tuple[Background, Runner]:
+def build_background(settings: GatewaySettings, pool: QueuePool) -> tuple[Background, Runner]:
     """The stores and the runner of one gateway process."""
     files = FileStore(pool, settings.result_retention_s)
     batches = BatchStore(pool, settings.result_retention_s)
@@ -47,7 +47,7 @@ def build_background(settings: GatewaySettings, pool: ArqRedis) -> tuple[Backgro
 
 
 @contextlib.asynccontextmanager
-async def running(app: FastAPI, settings: GatewaySettings, pool: ArqRedis) -> AsyncIterator[Background]:
+async def running(app: FastAPI, settings: GatewaySettings, pool: QueuePool) -> AsyncIterator[Background]:
     """Serve the stores and run the runner while the app runs."""
     background, runner = build_background(settings, pool)
     app.state.background = background

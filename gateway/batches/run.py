@@ -32,8 +32,6 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from arq.connections import ArqRedis
-
 from gateway.access.quota import capped
 from gateway.batches import lines as batch_lines
 from gateway.batches.files import FileStore
@@ -43,6 +41,7 @@ from gateway.batches.store import BatchStore
 from shared import keys, registry
 from shared.access.ownership import ResourceKind, owner_of
 from shared.jobs import jobqueue
+from shared.jobs.arq_seam import QueuePool
 from shared.jobs.streams import EventReader, ended_requests
 from shared.protocol import GenerationJob
 
@@ -53,7 +52,7 @@ logger = logging.getLogger(__name__)
 class BatchContext:
     """What every batch driver of one gateway shares."""
 
-    pool: ArqRedis
+    pool: QueuePool
     store: BatchStore
     files: FileStore
     max_inflight: int
@@ -242,7 +241,7 @@ async def _load_lines(context: BatchContext, batch: Batch) -> list[ParsedLine] |
     return lines
 
 
-async def _require_known_model(pool: ArqRedis, model: str) -> None:
+async def _require_known_model(pool: QueuePool, model: str) -> None:
     availability, _ = await registry.model_availability(pool, model)
     if availability is registry.ModelAvailability.UNKNOWN:
         message = f"The model `{model}` does not exist or you do not have access to it."

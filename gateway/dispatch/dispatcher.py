@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
-from arq.connections import ArqRedis
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.types import Receive
@@ -37,6 +36,7 @@ from gateway.ops.metrics import note_event, note_model
 from shared import registry
 from shared.errors import NoLiveWorker, Overloaded, TokenferryError, WorkerFailed, error_from_info
 from shared.jobs import jobqueue
+from shared.jobs.arq_seam import QueuePool
 from shared.jobs.streams import EventReader, StreamEvent
 from shared.protocol import (
     TERMINAL_EVENT_TYPES,
@@ -75,7 +75,7 @@ class Admission:
 class Dispatcher:
     """Runs jobs for request handlers; one per gateway process, built by the lifespan."""
 
-    def __init__(self, pool: ArqRedis, timeout_s: float, max_queued: int = 256) -> None:
+    def __init__(self, pool: QueuePool, timeout_s: float, max_queued: int = 256) -> None:
         self._pool = pool
         self._timeout_s = timeout_s
         self._max_queued = max_queued

@@ -19,7 +19,6 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
-from arq.connections import ArqRedis
 from fastapi import Depends, FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
@@ -47,6 +46,7 @@ from gateway.tokenize import routes as tokenize
 from shared import __version__
 from shared.access.token_buckets import TokenBuckets
 from shared.jobs import jobqueue
+from shared.jobs.arq_seam import QueuePool
 from shared.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def _lifespan(settings: GatewaySettings) -> Callable[[FastAPI], AbstractAsyncCon
     return lifespan
 
 
-def build_state(settings: GatewaySettings, pool: ArqRedis, dispatcher: Dispatcher) -> GatewayState:
+def build_state(settings: GatewaySettings, pool: QueuePool, dispatcher: Dispatcher) -> GatewayState:
     """The handlers' state around an open pool (the lifespan's; tests build it around a fake)."""
     limits = Limits(rpm=settings.rate_limit_rpm, tpm=settings.rate_limit_tpm)
     keys = static_keys(settings.api_keys, settings.admin_api_keys)

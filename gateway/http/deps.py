@@ -14,7 +14,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, TypedDict
 
-from arq.connections import ArqRedis
 from fastapi import Depends, Request
 
 from gateway.access.auth import Authenticator, Principal
@@ -23,13 +22,14 @@ from gateway.dispatch.dispatcher import Dispatcher
 from gateway.http.request_ids import request_id_of
 from gateway.http.unicode_text import check_unicode_text
 from shared.errors import PermissionDenied, UnsupportedMediaType
+from shared.jobs.arq_seam import QueuePool
 
 
 @dataclass(frozen=True, slots=True)
 class GatewayState:
     """Everything the lifespan opened for the handlers of one gateway process."""
 
-    pool: ArqRedis
+    pool: QueuePool
     dispatcher: Dispatcher
     authenticator: Authenticator
     rate_limiter: RateLimiter
@@ -49,7 +49,7 @@ def get_state(request: Request) -> GatewayState:
     return state
 
 
-async def get_pool(request: Request) -> ArqRedis:
+async def get_pool(request: Request) -> QueuePool:
     return get_state(request).pool
 
 
@@ -90,7 +90,7 @@ async def require_json(request: Request) -> None:
     check_unicode_text(await request.body())  # already read (and cached) by FastAPI
 
 
-PoolDep = Annotated[ArqRedis, Depends(get_pool)]
+PoolDep = Annotated[QueuePool, Depends(get_pool)]
 DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
 RequestIdDep = Annotated[str, Depends(get_request_id)]
 PrincipalDep = Annotated[Principal, Depends(get_principal)]

@@ -1,8 +1,9 @@
-"""Owns the client side of arq: opening a JSON-serializing pool, enqueueing and aborting jobs.
+"""Owns the client side of the queue: opening a JSON-serializing pool, enqueueing and aborting jobs.
 
-arq is in maintenance mode upstream, so everything the gateway needs from it is
-wrapped here (the worker side lives in ``worker/queue/jobs.py``); replacing arq touches
-these two modules only.
+Everything the gateway (and a worker handing a job on) does to the queue is here. arq
+is reached only through ``shared/jobs/arq_seam.py``, which lists what this module
+relies on (arq's key layout, its job payload, its abort set) and what it does instead
+(one enqueue script, aborts announced, the clean-up of dead attempts).
 """
 
 from __future__ import annotations
@@ -14,19 +15,11 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from arq.connections import ArqRedis, RedisSettings, create_pool
-from arq.constants import (
-    abort_jobs_ss,
-    in_progress_key_prefix,
-    job_key_prefix,
-    result_key_prefix,
-    retry_key_prefix,
-)
-from arq.jobs import serialize_job
 from redis.connection import SSLConnection, parse_url
 
 from shared import keys
 from shared.codec import deserialize_arq_job, encode_job, serialize_arq_job
+from shared.jobs.arq_seam import QueuePool, RedisSettings, create_pool, serialize_job
 from shared.protocol import GenerationJob, TokenizeJob
 
 logger = logging.getLogger(__name__)
@@ -71,7 +64,7 @@ def redacted_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
-async def open_pool(url: str, *, connect_timeout_s: float | None = None) -> ArqRedis:
+async def open_pool(url: str, *, connect_timeout_s: float | None = None) -> QueuePool:
     """An arq pool that is also a plain async Redis client (bytes replies).
 
     ``connect_timeout_s`` bounds each (re)connection, so a Redis that is down answers
@@ -124,15 +117,15 @@ class _QueuedJob:
         job_id = keys.attempt_job_id(job.request_id, job.attempt)
         return cls(GENERATE_FUNCTION, encode_job(job), job_id, job.model, keys.Lane(job.lane))
 
-    def script_call(self, pool: ArqRedis, *, wake: bool) -> tuple[list[str], list[Any]]:
+    def script_call(self, pool: QueuePool, *, wake: bool) -> tuple[list[str], list[Any]]:
         """The enqueue script's keys and arguments for this job."""
         now_ms = int(time.time() * 1000)
         payload = serialize_job(
             self.function, (self.argument,), {}, None, now_ms, serializer=pool.job_serializer
         )
         script_keys = [
-            job_key_prefix + self.job_id,
-            result_key_prefix + self.job_id,
+            keys.ARQ_JOB_PREFIX + self.job_id,
+            keys.ARQ_RESULT_PREFIX + self.job_id,
             keys.queue(self.model, self.lane),
             keys.running(self.model),
         ]
@@ -156,7 +149,7 @@ class _QueuedJob:
         return 0 if rank < 0 else max(0, int(rank) - int(running))
 
 
-async def enqueue(pool: ArqRedis, job: GenerationJob, lane: keys.Lane | None = None) -> int:
+async def enqueue(pool: QueuePool, job: GenerationJob, lane: keys.Lane | None = None) -> int:
     """Enqueue ``job`` (one attempt of its request) on its lane (``lane`` overrides it), wake
     idle workers of its model, and return how many of the model's jobs wait ahead of it.
 
@@ -168,7 +161,7 @@ async def enqueue(pool: ArqRedis, job: GenerationJob, lane: keys.Lane | None = N
     return await _enqueue(pool, _QueuedJob.of(job, lane))
 
 
-async def enqueue_many(pool: ArqRedis, jobs: Sequence[GenerationJob], lane: keys.Lane) -> None:
+async def enqueue_many(pool: QueuePool, jobs: Sequence[GenerationJob], lane: keys.Lane) -> None:
     """Enqueue ``jobs`` on ``lane`` in one round trip, waking each model's workers once.
 
     For the batch runner's top-ups: a wake-up per job made every worker poll once per job.
@@ -188,13 +181,13 @@ async def enqueue_many(pool: ArqRedis, jobs: Sequence[GenerationJob], lane: keys
         item.place_in_line(reply)
 
 
-async def _enqueue(pool: ArqRedis, item: _QueuedJob) -> int:
+async def _enqueue(pool: QueuePool, item: _QueuedJob) -> int:
     script_keys, args = item.script_call(pool, wake=True)
     reply = await pool.register_script(_ENQUEUE)(script_keys, args)
     return item.place_in_line(reply)
 
 
-async def abort(pool: ArqRedis, request_id: str) -> None:
+async def abort(pool: QueuePool, request_id: str) -> None:
     """Ask whichever worker holds ``request_id`` (whatever its attempt) to cancel it, or drop it unstarted.
 
     The cancellation flag stops a takeover from resuming the request later; arq's
@@ -204,27 +197,29 @@ async def abort(pool: ArqRedis, request_id: str) -> None:
     now_ms = int(time.time() * 1000)
     async with pool.pipeline(transaction=False) as pipe:
         pipe.set(keys.cancelled(request_id), b"1", ex=keys.CANCELLED_TTL_S)
-        pipe.zadd(abort_jobs_ss, {request_id: now_ms})
+        pipe.zadd(keys.ARQ_ABORTS, {request_id: now_ms})
         pipe.hget(keys.run(request_id), "attempt")
         *_, attempt = await pipe.execute()
     if attempt is not None and int(attempt) > 0:
-        await pool.zadd(abort_jobs_ss, {keys.attempt_job_id(request_id, int(attempt)): now_ms})
+        await pool.zadd(keys.ARQ_ABORTS, {keys.attempt_job_id(request_id, int(attempt)): now_ms})
     await pool.publish(keys.ABORTS_CHANNEL, request_id)
 
 
 async def forget(
-    pool: ArqRedis, model: str, arq_job_id: str, lane: keys.Lane = keys.Lane.INTERACTIVE
+    pool: QueuePool, model: str, arq_job_id: str, lane: keys.Lane = keys.Lane.INTERACTIVE
 ) -> None:
     """Drop arq's records of an attempt whose worker died, so it neither counts as queued nor reruns."""
     async with pool.pipeline(transaction=False) as pipe:
         pipe.zrem(keys.queue(model, lane), arq_job_id)
         pipe.delete(
-            in_progress_key_prefix + arq_job_id, job_key_prefix + arq_job_id, retry_key_prefix + arq_job_id
+            keys.ARQ_IN_PROGRESS_PREFIX + arq_job_id,
+            keys.ARQ_JOB_PREFIX + arq_job_id,
+            keys.ARQ_RETRY_PREFIX + arq_job_id,
         )
         await pipe.execute()
 
 
-async def unclaimed_in_progress(pool: ArqRedis, model: str) -> list[str]:
+async def unclaimed_in_progress(pool: QueuePool, model: str) -> list[str]:
     """arq job ids of ``model`` that arq marks running while no run record claims them.
 
     A worker claims a job (``shared/jobs/run_records.py``) as soon as it starts it, so one that
@@ -238,7 +233,7 @@ async def unclaimed_in_progress(pool: ArqRedis, model: str) -> list[str]:
         return []
     async with pool.pipeline(transaction=False) as pipe:
         for job_id in queued:
-            pipe.exists(in_progress_key_prefix + job_id)
+            pipe.exists(keys.ARQ_IN_PROGRESS_PREFIX + job_id)
             pipe.exists(keys.run(keys.request_id_of_job(job_id)))
         flags = await pipe.execute()
     return [
@@ -248,12 +243,12 @@ async def unclaimed_in_progress(pool: ArqRedis, model: str) -> list[str]:
     ]
 
 
-async def release(pool: ArqRedis, arq_job_id: str) -> None:
+async def release(pool: QueuePool, arq_job_id: str) -> None:
     """Let arq start a job again, as its first try, whose worker died before claiming it."""
-    await pool.delete(in_progress_key_prefix + arq_job_id, retry_key_prefix + arq_job_id)
+    await pool.delete(keys.ARQ_IN_PROGRESS_PREFIX + arq_job_id, keys.ARQ_RETRY_PREFIX + arq_job_id)
 
 
-async def enqueue_tokenize(pool: ArqRedis, job: TokenizeJob) -> None:
+async def enqueue_tokenize(pool: QueuePool, job: TokenizeJob) -> None:
     """Enqueue a tokenize/detokenize job on its model's interactive queue (any worker of it answers)."""
     await _enqueue(
         pool,

@@ -16,7 +16,7 @@ from shared.jobs.streams import EventReader
 from shared.protocol import ChatMessage, ChatPrompt, Delta, GenerationJob, SamplingSpec
 from shared.settings import WorkerSettings
 from tests.helpers import FAKE_MODEL, all_events, chat_body, running_stack, until_running
-from worker.driver import engine_driver
+from worker.driver.engine_driver import DriverTuning
 from worker.driver.lifecycle import JobLifecycle, StartedJob
 from worker.engine import SequenceUpdate
 from worker.engine.fake import FakeEngine
@@ -108,10 +108,12 @@ def _stream_position(entry_id: str) -> tuple[int, int]:
 
 
 async def test_batch_lane_tokens_wait_while_an_interactive_request_is_starting_and_none_is_lost(
-    redis_url: str, redis: Redis, monkeypatch: pytest.MonkeyPatch
+    redis_url: str, redis: Redis
 ) -> None:
-    monkeypatch.setattr(engine_driver, "_MAX_DEFERRED_STEPS", 1000)  # its bound is not what this checks
-    async with running_stack(redis_url, max_batch_size=4, fake_step_delay_s=0.1, batch_hold_s=0) as client:
+    unbounded = DriverTuning(max_deferred_steps=1000)  # its bound is not what this checks
+    async with running_stack(
+        redis_url, tuning=unbounded, max_batch_size=4, fake_step_delay_s=0.1, batch_hold_s=0
+    ) as client:
         pool = await jobqueue.open_pool(redis_url)
         try:
             batch = _batch_job(f"deferred-{time.monotonic_ns()}", max_tokens=30)
@@ -182,15 +184,20 @@ def recorded(monkeypatch: pytest.MonkeyPatch) -> _Recorded:
 
     monkeypatch.setattr(FakeEngine, "step", recorded_step)
     monkeypatch.setattr(JobLifecycle, "start", slow_start)
-    monkeypatch.setattr(engine_driver, "_ADMISSION_WAIT_S", 2.0)  # the admission is made slower too
     return record
+
+
+# With the slow starts of ``recorded``: the wait for an arriving request is made longer too.
+_LONG_ARRIVAL_WAIT = DriverTuning(arrival_wait_s=2.0)
 
 
 async def test_the_next_step_waits_for_an_interactive_request_being_admitted_beside_batch_rows(
     redis_url: str, redis: Redis, recorded: _Recorded
 ) -> None:
     """Started without it, the step would make the request wait a whole step more."""
-    async with running_stack(redis_url, max_batch_size=4, fake_step_delay_s=0.05) as client:
+    async with running_stack(
+        redis_url, tuning=_LONG_ARRIVAL_WAIT, max_batch_size=4, fake_step_delay_s=0.05
+    ) as client:
         pool = await jobqueue.open_pool(redis_url)
         try:
             batch = _batch_job(f"beside-{time.monotonic_ns()}", max_tokens=60)
@@ -207,7 +214,9 @@ async def test_the_next_step_waits_for_an_interactive_request_being_admitted_bes
 async def test_no_step_waits_for_an_admission_while_an_interactive_request_streams(
     redis_url: str, redis: Redis, recorded: _Recorded
 ) -> None:
-    async with running_stack(redis_url, max_batch_size=4, fake_step_delay_s=0.05) as client:
+    async with running_stack(
+        redis_url, tuning=_LONG_ARRIVAL_WAIT, max_batch_size=4, fake_step_delay_s=0.05
+    ) as client:
         pool = await jobqueue.open_pool(redis_url)
         try:
             streaming = _job(f"quick-{time.monotonic_ns()}", max_tokens=60, lane="interactive")

@@ -28,15 +28,15 @@ def test_a_step_waits_for_each_admitting_request_once() -> None:
 
     async def wait_once() -> float:
         began = time.monotonic()
-        await starts.admissions(at_most_s=0.05)
+        await starts.arrivals(at_most_s=0.05)
         return time.monotonic() - began
 
     assert asyncio.run(wait_once()) >= 0.04  # still admitting: the wait ran out
     assert not starts.awaits_a_step()  # "a" had its wait
     starts.begin("b")
     assert starts.awaits_a_step()
-    starts.admitted("a")
-    starts.admitted("b")
+    starts.arrived("a")
+    starts.arrived("b")
     assert not starts.awaits_a_step() and "a" in starts  # admitted, still without a first token
 
 
@@ -44,9 +44,9 @@ def test_a_wait_ends_as_soon_as_the_request_is_admitted() -> None:
     async def scenario() -> float:
         starts = InteractiveStarts()
         starts.begin("a")
-        asyncio.get_running_loop().call_later(0.01, starts.admitted, "a")
+        asyncio.get_running_loop().call_later(0.01, starts.arrived, "a")
         began = time.monotonic()
-        await starts.admissions(at_most_s=5.0)
+        await starts.arrivals(at_most_s=5.0)
         return time.monotonic() - began
 
     assert asyncio.run(scenario()) < 1.0

@@ -62,8 +62,8 @@ def test_prefix_cache_hits_become_a_counter_of_reused_prompt_tokens() -> None:
 
 def test_admission_counts_prompt_tokens_and_queue_wait_since_creation() -> None:
     metrics = WorkerMetrics()
-    metrics.observe_admission(_job(created_at=time.time() - 0.5), prompt_tokens=12)
-    metrics.observe_admission(_job(created_at=time.time() + 30), prompt_tokens=3)  # a skewed clock
+    metrics.observe_acceptance(_job(created_at=time.time() - 0.5), prompt_tokens=12)
+    metrics.observe_acceptance(_job(created_at=time.time() + 30), prompt_tokens=3)  # a skewed clock
     scrape = _scrape(metrics)
     assert scrape.value("tokenferry_worker_prompt_tokens_total") == 15
     assert scrape.value("tokenferry_worker_queue_wait_seconds_count") == 2

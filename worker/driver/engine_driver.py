@@ -1,7 +1,7 @@
 """Owns the async side of the engine: feeding it jobs, stepping it off the event loop, publishing events.
 
 Concurrency model: one dedicated thread runs ``engine.step()``; everything else
-(admission, aborts, event routing, Redis I/O) happens on the event loop. The
+(starting jobs, aborts, event routing, Redis I/O) happens on the event loop. The
 engine is touched only between steps: job coroutines put adds and aborts in an
 inbox that the loop applies before the next step, so no lock is needed and the
 engine stays single-threaded. A step's events go to Redis in one round trip per lane,
@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -40,12 +41,20 @@ from worker.requests.choices import RequestChoices
 
 logger = logging.getLogger(__name__)
 
-# How many steps the batch lane's routing may wait for interactive requests to start: a bound,
-# so a steady stream of them delays batch lines (and their stop sequences' aborts) only so much.
-_MAX_DEFERRED_STEPS = 8
-# How long the next step may wait for an interactive request being admitted (claimed, tokenized,
-# announced: ~2-3 ms here) to join it, rather than start without it and make it wait a whole step.
-_ADMISSION_WAIT_S = 0.005
+
+@dataclass(frozen=True, slots=True)
+class DriverTuning:
+    """How the step loop weighs batch work against interactive starts (measured in ``EngineDriver.serve``)."""
+
+    # How many steps the batch lane's routing may wait for interactive requests to start: a bound,
+    # so a steady stream of them delays batch lines (and their stop sequences' aborts) only so much.
+    max_deferred_steps: int = 8
+    # How long the next step may wait for an arriving interactive request (claimed, prepared,
+    # announced: ~2-3 ms here) to join it, rather than start without it and make it wait a whole step.
+    arrival_wait_s: float = 0.005
+
+
+DEFAULT_TUNING = DriverTuning()
 
 
 @dataclass
@@ -68,9 +77,11 @@ class EngineDriver:
         model: str,
         metrics: WorkerMetrics | None = None,
         batch_hold_s: float = 1.0,
+        tuning: DriverTuning = DEFAULT_TUNING,
     ) -> None:
         self.metrics = metrics or WorkerMetrics()
-        self.lifecycle = lifecycle
+        self._lifecycle = lifecycle
+        self._tuning = tuning
         self._engine = engine
         self._writer = writer
         self._model = model
@@ -78,7 +89,7 @@ class EngineDriver:
         self._choice_of: dict[str, tuple[str, int]] = {}  # engine id -> (request id, choice index)
         self._inbox: list[EngineRequest | str] = []  # a request to add, or an id to abort
         self._held = HeldEvents(batch_hold_s)  # batch-lane events, published merged
-        self.starts = InteractiveStarts()  # interactive requests without their first token yet
+        self._starts = InteractiveStarts()  # interactive requests without their first token yet
         self._deferred: list[list[SequenceUpdate]] = []  # batch-lane steps not routed yet, oldest first
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
@@ -90,31 +101,40 @@ class EngineDriver:
     def active_in_lane(self, lane: str) -> int:
         return sum(1 for active in self._active.values() if active.job.lane == lane)
 
+    @property
+    def is_starting_interactive(self) -> bool:
+        """Whether an interactive request waits for its first token (batch work makes way for it)."""
+        return bool(self._starts)
+
+    def when_all_started(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` each time the last starting interactive request has its first token."""
+        self._starts.when_all_started(callback)
+
     async def run(self, job: GenerationJob) -> None:
         """Start (or resume) ``job``, stream its events, return when its terminal event is stored."""
         if job.lane != Lane.BATCH.value:
-            self.starts.begin(job.request_id)
+            self._starts.begin(job.request_id)
         try:
             await self._run(job)
         finally:
-            self.starts.started(job.request_id)
+            self._starts.started(job.request_id)
 
     async def _run(self, job: GenerationJob) -> None:
-        started = await self.lifecycle.start(job)
+        started = await self._lifecycle.start(job)
         if started is None:
             return
         if job.attempt == 0:
-            self.metrics.observe_admission(job, started.prompt_tokens)
+            self.metrics.observe_acceptance(job, started.prompt_tokens)
         loop = asyncio.get_running_loop()
         active = _Active(
-            job, self.lifecycle.owner(job), started.choices, started.engine_ids, loop.create_future()
+            job, self._lifecycle.owner(job), started.choices, started.engine_ids, loop.create_future()
         )
         self._active[job.request_id] = active
         index_of = {engine_id: index for index, engine_id in enumerate(started.engine_ids)}
         for request in started.to_run:
             self._choice_of[request.request_id] = (job.request_id, index_of[request.request_id])
             self._post(request)
-        self.starts.admitted(job.request_id)
+        self._starts.arrived(job.request_id)
         try:
             await active.done
         except asyncio.CancelledError:
@@ -142,8 +162,8 @@ class EngineDriver:
 
         A step's interactive updates are routed and published before the next step starts.
         The batch lane's are too, except while an interactive request waits for its first
-        token: then they wait (up to ``_MAX_DEFERRED_STEPS`` steps), so that request's
-        prefill step starts as soon as the step in flight ends, and its claim and admission
+        token: then they wait (up to ``max_deferred_steps`` steps), so that request's
+        prefill step starts as soon as the step in flight ends, and its claim and preparation
         do not queue behind batch routing on this loop. Nobody reads batch tokens as they
         come (``HeldEvents``), and a batch sequence stopped by a stop sequence meanwhile only
         runs a few steps too many, whose tokens its finished choice ignores. In A/B runs of
@@ -151,8 +171,8 @@ class EngineDriver:
         x1.35-1.39. Starting the next step before routing the last one, to overlap them,
         measured no gain: routing holds the GIL the engine thread needs.
 
-        A step also waits, once and ``_ADMISSION_WAIT_S`` at most, for an interactive
-        request still being admitted when only batch rows decode: started without it, it
+        A step also waits, once and ``arrival_wait_s`` at most, for an interactive
+        request still arriving when only batch rows decode: started without it, it
         would make that request wait one more whole step. With 10 ms steps, about a third
         of requests arriving beside a batch did; the same A/B runs went from x1.42-1.52 to
         x1.17-1.29. Beside interactive streams no step waits: their next token would.
@@ -160,8 +180,8 @@ class EngineDriver:
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
-            if self.starts.awaits_a_step() and not self.starts.any_decoding(self._interactive_ids()):
-                await self.starts.admissions(_ADMISSION_WAIT_S)
+            if self._starts.awaits_a_step() and not self._starts.any_decoding(self._interactive_ids()):
+                await self._starts.arrivals(self._tuning.arrival_wait_s)
             self._apply_inbox()
             self.metrics.observe_engine(self._engine.stats())
             if not self._engine.has_unfinished():
@@ -180,7 +200,7 @@ class EngineDriver:
             await self._route_and_publish(interactive)
             if batch:
                 self._deferred.append(batch)
-            if self.starts and len(self._deferred) < _MAX_DEFERRED_STEPS:
+            if self._starts and len(self._deferred) < self._tuning.max_deferred_steps:
                 continue  # an interactive request waits for its first token: its step comes first
             await self._route_deferred()
 
@@ -231,7 +251,7 @@ class EngineDriver:
             with request_context(request_id):
                 produced = active.choices.consume(index, update)
             if produced:
-                self.starts.started(request_id)
+                self._starts.started(request_id)
             if active.job.lane == Lane.BATCH.value:
                 events.extend((request_id, event) for event in self._held.take(request_id, produced))
             else:

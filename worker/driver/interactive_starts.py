@@ -1,12 +1,12 @@
 """Owns tracking the interactive requests on their way to a first token, which batch work makes way for.
 
 A request starts when the driver takes its job and is started once its first
-token is out (or it ended). Until then it is also *admitting* while its claim,
-tokenization and ``Accepted`` are under way, before it reaches the engine's inbox.
+token is out (or it ended). Until then it is also *arriving* while its claim,
+preparation and ``Accepted`` are under way, before it reaches the engine's inbox.
 What the driver and the batch lane do with this (``worker/driver/engine_driver.py``,
-``worker/main.py``): no batch line starts and batch routing waits while any
+``worker/runtime.py``): no batch line starts and batch routing waits while any
 request is starting; unless an interactive request is decoding, the next step
-waits, once per request and briefly, for one that is admitting.
+waits, once per request and briefly, for one that is arriving.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ class InteractiveStarts:
 
     def __init__(self) -> None:
         self._starting: set[str] = set()
-        self._admitting: set[str] = set()  # not in the engine's inbox yet
-        self._waited_for: set[str] = set()  # admitting ones a step has waited for already
-        self._none_admitting = asyncio.Event()
-        self._none_admitting.set()
+        self._arriving: set[str] = set()  # not in the engine's inbox yet
+        self._waited_for: set[str] = set()  # arriving ones a step has waited for already
+        self._none_arriving = asyncio.Event()
+        self._none_arriving.set()
         self._on_all_started: list[Callable[[], None]] = []
 
     def __len__(self) -> int:
@@ -39,19 +39,19 @@ class InteractiveStarts:
 
     def begin(self, request_id: str) -> None:
         self._starting.add(request_id)
-        self._admitting.add(request_id)
-        self._none_admitting.clear()
+        self._arriving.add(request_id)
+        self._none_arriving.clear()
 
-    def admitted(self, request_id: str) -> None:
+    def arrived(self, request_id: str) -> None:
         """``request_id`` is in the engine's inbox (or will never be)."""
-        self._admitting.discard(request_id)
+        self._arriving.discard(request_id)
         self._waited_for.discard(request_id)
-        if not self._admitting:
-            self._none_admitting.set()
+        if not self._arriving:
+            self._none_arriving.set()
 
     def started(self, request_id: str) -> None:
         """``request_id`` has its first token, or ended without one."""
-        self.admitted(request_id)
+        self.arrived(request_id)
         if request_id in self._starting:
             self._starting.discard(request_id)
             if not self._starting:
@@ -63,11 +63,11 @@ class InteractiveStarts:
         return any(request_id not in self._starting for request_id in interactive_ids)
 
     def awaits_a_step(self) -> bool:
-        """Whether a request is being admitted that no step has waited for yet."""
-        return bool(self._admitting - self._waited_for)
+        """Whether a request is arriving that no step has waited for yet."""
+        return bool(self._arriving - self._waited_for)
 
-    async def admissions(self, at_most_s: float) -> None:
-        """Wait until none is admitting, or ``at_most_s``; a step waits for each request once."""
-        self._waited_for |= self._admitting
+    async def arrivals(self, at_most_s: float) -> None:
+        """Wait until none is arriving, or ``at_most_s``; a step waits for each request once."""
+        self._waited_for |= self._arriving
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._none_admitting.wait(), at_most_s)
+            await asyncio.wait_for(self._none_arriving.wait(), at_most_s)

@@ -1,6 +1,6 @@
 """Owns a job's life around the engine: its deadline, its run record, its first events, resume and handover.
 
-A fresh job (attempt 0) is admitted (tokenized, checked), claimed in the run
+A fresh job (attempt 0) is prepared (tokenized, checked), claimed in the run
 table (``shared/jobs/run_records.py``) and announced with ``Accepted``. A taken-over job
 (attempt k > 0) is claimed, then rebuilt from its own stream: every choice that
 has not ended continues from the tokens the client already has (``worker/driver/resume.py``),
@@ -17,21 +17,20 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from arq.connections import ArqRedis
-
 from shared.errors import Timeout, TokenferryError
 from shared.jobs import jobqueue, run_records
+from shared.jobs.arq_seam import QueuePool
 from shared.jobs.streams import EventReader, EventWriter
 from shared.protocol import Accepted, Failed, GenerationJob
 from worker.driver.resume import StreamProgress, progress_of
 from worker.engine import EngineRequest
 from worker.requests.choices import RequestChoices
-from worker.requests.preparation import AdmittedRequest
+from worker.requests.preparation import PreparedRequest
 from worker.requests.tokenization import Tokenizer
 
 logger = logging.getLogger(__name__)
 
-Admitter = Callable[[GenerationJob], AdmittedRequest]
+Preparer = Callable[[GenerationJob], PreparedRequest]
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,13 +44,13 @@ class StartedJob:
 
 class JobLifecycle:
     def __init__(
-        self, pool: ArqRedis, writer: EventWriter, tokenizer: Tokenizer, admitter: Admitter, worker_id: str
+        self, pool: QueuePool, writer: EventWriter, tokenizer: Tokenizer, preparer: Preparer, worker_id: str
     ) -> None:
         self._pool = pool
         self._writer = writer
         self._reader = EventReader(pool)
         self._tokenizer = tokenizer
-        self._admit = admitter
+        self._prepare = preparer
         self._worker_id = worker_id
 
     def owner(self, job: GenerationJob) -> str:
@@ -78,27 +77,27 @@ class JobLifecycle:
         return True
 
     async def _start_fresh(self, job: GenerationJob) -> StartedJob | None:
-        # Claimed while admission tokenizes: the claim is one round trip, so it lands long
+        # Claimed while preparation tokenizes: the claim is one round trip, so it lands long
         # before a long prompt is tokenized, and a death of this worker is seen by the reaper.
-        is_claimed, admission = await asyncio.gather(self._claim(job), self._admission(job))
+        is_claimed, preparation = await asyncio.gather(self._claim(job), self._preparation(job))
         if not is_claimed:
             return None
-        if isinstance(admission, TokenferryError):
-            await self._reject(job, admission, claimed=True)
+        if isinstance(preparation, TokenferryError):
+            await self._reject(job, preparation, claimed=True)
             return None
-        requests = admission.engine_requests
-        if not await self._accept(job, admission):
+        requests = preparation.engine_requests
+        if not await self._accept(job, preparation):
             return None
-        choices = RequestChoices.start(self._tokenizer, requests, admission.stop_sequences)
+        choices = RequestChoices.start(self._tokenizer, requests, preparation.stop_sequences)
         engine_ids = tuple(request.request_id for request in requests)
         return StartedJob(job, choices, engine_ids, requests, len(requests[0].prompt_token_ids))
 
-    async def _accept(self, job: GenerationJob, admitted: AdmittedRequest) -> bool:
+    async def _accept(self, job: GenerationJob, prepared: PreparedRequest) -> bool:
         """Publish ``Accepted``, the stream's first event; False when the job is no longer ours."""
         accepted = Accepted(
-            prompt_tokens=len(admitted.engine_requests[0].prompt_token_ids),
+            prompt_tokens=len(prepared.engine_requests[0].prompt_token_ids),
             worker_id=self._worker_id,
-            prompt_text=admitted.echo_text,
+            prompt_text=prepared.echo_text,
         )
         lost = await self._writer.publish_owned(
             [(job.request_id, accepted)], owners={job.request_id: self.owner(job)}, model=job.model
@@ -111,13 +110,13 @@ class JobLifecycle:
         progress = progress_of(item.event for item in await self._reader.history(job.request_id))
         if progress.is_over:
             return None
-        admitted = await self._admitted(job)
-        if admitted is None:
+        prepared = await self._prepared(job)
+        if prepared is None:
             return None
-        if not progress.is_accepted and not await self._accept(job, admitted):
+        if not progress.is_accepted and not await self._accept(job, prepared):
             return None  # the attempt before died between its claim and its first event
-        requests = admitted.engine_requests
-        choices = RequestChoices.start(self._tokenizer, requests, admitted.stop_sequences)
+        requests = prepared.engine_requests
+        choices = RequestChoices.start(self._tokenizer, requests, prepared.stop_sequences)
         to_run = _resume_choices(choices, requests, progress)
         logger.info(
             "resuming attempt %d: %s tokens already streamed",
@@ -127,18 +126,18 @@ class JobLifecycle:
         engine_ids = tuple(request.request_id for request in requests)
         return StartedJob(job, choices, engine_ids, to_run, len(requests[0].prompt_token_ids))
 
-    async def _admitted(self, job: GenerationJob) -> AdmittedRequest | None:
+    async def _prepared(self, job: GenerationJob) -> PreparedRequest | None:
         """The job's engine requests, or None once a rejection ended it (and its claim)."""
-        admission = await self._admission(job)
-        if isinstance(admission, TokenferryError):
-            await self._reject(job, admission, claimed=True)
+        preparation = await self._preparation(job)
+        if isinstance(preparation, TokenferryError):
+            await self._reject(job, preparation, claimed=True)
             return None
-        return admission
+        return preparation
 
-    async def _admission(self, job: GenerationJob) -> AdmittedRequest | TokenferryError:
+    async def _preparation(self, job: GenerationJob) -> PreparedRequest | TokenferryError:
         """The job's engine requests, or why it cannot run (tokenized on a thread: prompts may be long)."""
         try:
-            return await asyncio.to_thread(self._admit, job)
+            return await asyncio.to_thread(self._prepare, job)
         except TokenferryError as error:
             return error
 

@@ -9,7 +9,7 @@ one serves the cache options the padded batch cannot honour.
 
 Beam search (``num_beams > 1``) runs on a single-request path through
 ``model.generate`` and reports all of its tokens in one update; it reports no
-logprobs (the admission refuses logprobs with beam search).
+logprobs (preparation refuses logprobs with beam search).
 """
 
 from __future__ import annotations

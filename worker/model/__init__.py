@@ -1,1 +1,1 @@
-"""Owns the model: where it comes from, loading its weights, converting the bundled one, CPU kernels."""
+"""Owns the model: its sources, loading its weights, converting the bundled one, CPU kernels, the backend."""

@@ -1,4 +1,7 @@
-"""Owns the arq worker loop, with the three changes serving needs over arq 0.28's own (pinned).
+"""Owns the worker's queue loop: arq's ``Worker`` with the changes serving needs over arq's own.
+
+arq is reached only through ``shared/jobs/arq_seam.py``, which lists the parts of
+``Worker`` this subclass relies on and overrides.
 
 1. **Wake-ups.** arq polls its queue every ``poll_delay``; each poll wakes the
    process, and on CPU every wake-up steals time from the model's threads, so a
@@ -44,12 +47,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from arq.connections import create_pool, log_redis_info
-from arq.constants import in_progress_key_prefix
-from arq.worker import Worker
 from redis.exceptions import RedisError
 
 from shared import keys
+from shared.jobs.arq_seam import Worker, create_pool, log_redis_info
 from worker.queue.backoff import outage_delay
 
 logger = logging.getLogger(__name__)
@@ -210,7 +211,7 @@ class QueueWorker(Worker):
             str(int(self.in_progress_timeout_s * 1000)),
             str(wanted),
             str(self.queue_read_limit),
-            in_progress_key_prefix,
+            keys.ARQ_IN_PROGRESS_PREFIX,
         )
         for job_id_bytes, score in zip(claimed[::2], claimed[1::2], strict=True):
             # arq's bookkeeping for a started job, as its start_jobs does it.
@@ -226,6 +227,14 @@ class QueueWorker(Worker):
         """Another lane's worker in this process: drained with this one, nudged with it."""
         self.companions.append(companion)
         companion._leaders.append(self)
+
+    def share_with_jobs(self, **entries: object) -> None:
+        """Add ``entries`` to the ctx of every job run here (arq merges its ``ctx`` into each job's)."""
+        self.ctx.update(entries)
+
+    def is_aborting(self, job_id: str) -> bool:
+        """Whether a client's abort is cancelling ``job_id`` here (arq's ``aborting_tasks``)."""
+        return job_id in self.aborting_tasks
 
     def nudge(self) -> None:
         """Poll now (something this lane's ``room`` depends on changed)."""

@@ -15,12 +15,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from arq.connections import ArqRedis
 from redis.exceptions import RedisError
 
 from shared import keys, registry
 from shared.errors import Timeout
 from shared.jobs import jobqueue, run_records
+from shared.jobs.arq_seam import QueuePool
 from shared.jobs.streams import EventWriter
 from shared.logs import request_context
 from shared.protocol import Failed
@@ -34,7 +34,7 @@ UNCLAIMED_GRACE_S = 10.0
 class Reaper:
     def __init__(
         self,
-        pool: ArqRedis,
+        pool: QueuePool,
         model: str,
         interval_s: float,
         on_failover: Callable[[], None] = lambda: None,

@@ -1,4 +1,4 @@
-"""Owns admitting a job: rendering and tokenizing its prompt and resolving it into an ``EngineRequest``.
+"""Owns preparing a job: rendering and tokenizing its prompt and resolving it into an ``EngineRequest``.
 
 Only the worker knows the tokenizer, the chat template and the context window, so
 the errors found here (prompt too long, bad template input) travel back as the
@@ -25,7 +25,7 @@ BATCH_PRIORITY = 1
 
 
 @dataclass(frozen=True, slots=True)
-class AdmittedRequest:
+class PreparedRequest:
     # One engine request per choice, in choice order (see ``worker/requests/choices.py``).
     engine_requests: tuple[EngineRequest, ...]
     stop_sequences: tuple[str, ...]
@@ -38,9 +38,9 @@ class AdmittedRequest:
         return self.engine_requests[0]
 
 
-def admit(
+def prepare(
     job: GenerationJob, tokenizer: Tokenizer, defaults: DefaultLayers, limits: ModelLimits
-) -> AdmittedRequest:
+) -> PreparedRequest:
     """Tokenize the prompt and resolve parameters; raises ``TokenferryError`` subclasses."""
     prompt_ids = _prompt_token_ids(job, tokenizer)
     if not prompt_ids:
@@ -57,7 +57,7 @@ def admit(
     stops = defaults.under(job.sampling).stop or []
     # Opt-in only (--log-level DEBUG): the prompt is user data and never logged at INFO.
     logger.debug("prompt token ids %s text %r", prompt_ids, tokenizer.decode(prompt_ids))
-    return AdmittedRequest(
+    return PreparedRequest(
         engine_requests=choice_requests(engine_request, job.n),
         stop_sequences=tuple(stop for stop in stops if stop),
         echo_text=_echo_text(job, prompt_ids, tokenizer) if job.echo else None,
