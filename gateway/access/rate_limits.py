@@ -52,7 +52,7 @@ _REFUSALS: dict[Resource, type[RateLimited]] = {
 _UNITS = {Resource.REQUESTS: "requests per min (RPM)", Resource.TOKENS: "tokens per min (TPM)"}
 
 
-class RateLimiter:
+class RateLimits:
     """Charges principals' buckets; one per gateway process."""
 
     def __init__(self, buckets: TokenBuckets) -> None:

@@ -25,7 +25,7 @@ from starlette.middleware.cors import CORSMiddleware
 
 from gateway.access import routes as admin
 from gateway.access.auth import Authenticator, Limits, static_keys
-from gateway.access.rate_limits import RATE_LIMIT_HEADERS, RateLimiter, RateLimitHeadersMiddleware
+from gateway.access.rate_limits import RATE_LIMIT_HEADERS, RateLimitHeadersMiddleware, RateLimits
 from gateway.background import work
 from gateway.batches import batch_routes as batches
 from gateway.batches import file_routes as files
@@ -127,7 +127,7 @@ def build_state(settings: GatewaySettings, pool: ArqRedis, dispatcher: Dispatche
         pool=pool,
         dispatcher=dispatcher,
         authenticator=Authenticator(pool, keys, limits, settings.auth_cache_s),
-        rate_limiter=RateLimiter(TokenBuckets(pool)),
+        rate_limits=RateLimits(TokenBuckets(pool)),
         max_tokens_limit=settings.max_tokens_limit,
         max_choices=settings.max_n,
         drain_grace_s=settings.drain_grace_s,

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, Request
 from sse_starlette import EventSourceResponse
 
-from gateway.access.quota import AdmitterDep
+from gateway.access.quota import QuotaDep
 from gateway.dispatch import resume
 from gateway.http import sse
 from gateway.http.deps import DispatcherDep, JsonBody, PrincipalDep, RequestIdDep, get_state
@@ -22,23 +22,23 @@ async def create_chat_completion(
     body: ChatCompletionRequest,
     dispatcher: DispatcherDep,
     request_id: RequestIdDep,
-    admitter: AdmitterDep,
+    quota: QuotaDep,
     principal: PrincipalDep,
     request: Request,
 ) -> ChatCompletion | EventSourceResponse:
     """Generate the assistant's next message; streamed as chat.completion.chunk events if asked."""
     created_at = time.time()
     translate.check_choice_count(body, get_state(request).max_choices)
-    job = await admitter.admit(translate.chat_job(body, request_id, created_at))
+    job = await quota.charge(translate.chat_job(body, request_id, created_at))
     meta = translate.chat_meta(body, request_id, created_at)
     if not body.stream:
         return render.chat_completion(meta, await dispatcher.complete(job, request.receive))
     state = get_state(request)
     await resume.save_view(state.pool, request_id, "chat", meta, principal.tenant)
-    admission = await dispatcher.start(job, request.receive)
+    acceptance = await dispatcher.start(job, request.receive)
     return sse.event_stream(
-        admission.accepted,
-        dispatcher.relay(admission),
+        acceptance.accepted,
+        dispatcher.relay(acceptance),
         render.ChatStream(meta).chunks,
         drain_grace_s=state.drain_grace_s,
     )

@@ -7,7 +7,7 @@ import time
 from fastapi import APIRouter, Request
 from sse_starlette import EventSourceResponse
 
-from gateway.access.quota import AdmitterDep
+from gateway.access.quota import QuotaDep
 from gateway.dispatch import fanout, resume
 from gateway.dispatch.dispatcher import unless_disconnected
 from gateway.http import sse
@@ -23,14 +23,14 @@ async def create_completion(
     body: CompletionRequest,
     dispatcher: DispatcherDep,
     request_id: RequestIdDep,
-    admitter: AdmitterDep,
+    quota: QuotaDep,
     principal: PrincipalDep,
     request: Request,
 ) -> Completion | EventSourceResponse:
     """Continue a raw prompt (no chat template); streamed as text_completion chunks if asked."""
     created_at = time.time()
     translate.check_choice_count(body, get_state(request).max_choices)
-    jobs = await admitter.admit_all(translate.completion_jobs(body, request_id, created_at))
+    jobs = await quota.charge_all(translate.completion_jobs(body, request_id, created_at))
     meta = translate.completion_meta(body, request_id, created_at)
     if not body.stream:
         results = await unless_disconnected(fanout.collect_all(dispatcher, jobs), request.receive)
@@ -38,10 +38,10 @@ async def create_completion(
     state = get_state(request)
     if len(jobs) == 1:  # a stream merged from several prompts' streams cannot be resumed by one id
         await resume.save_view(state.pool, request_id, "completion", meta, principal.tenant)
-    admissions = await unless_disconnected(fanout.admit_all(dispatcher, jobs), request.receive)
+    acceptances = await unless_disconnected(fanout.submit_all(dispatcher, jobs), request.receive)
     return sse.event_stream(
-        admissions[0].accepted,
-        fanout.relay_all(dispatcher, admissions, meta.n),
+        acceptances[0].accepted,
+        fanout.relay_all(dispatcher, acceptances, meta.n),
         render.CompletionStream(meta).chunks,
         drain_grace_s=state.drain_grace_s,
     )

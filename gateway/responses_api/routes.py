@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from sse_starlette import EventSourceResponse
 
 from gateway.access.ownership import owned
-from gateway.access.quota import AdmitterDep
+from gateway.access.quota import QuotaDep
 from gateway.background.work import BackgroundDep
 from gateway.dispatch.dispatcher import require_live
 from gateway.http import sse
@@ -38,7 +38,7 @@ async def create_response(
     body: ResponseCreateRequest,
     dispatcher: DispatcherDep,
     request_id: RequestIdDep,
-    admitter: AdmitterDep,
+    quota: QuotaDep,
     principal: PrincipalDep,
     background: BackgroundDep,
     pool: PoolDep,
@@ -46,7 +46,7 @@ async def create_response(
 ) -> Response | EventSourceResponse:
     """Generate a response; streamed as Responses API events if asked; ``background`` answers at once."""
     created_at = time.time()
-    job = await admitter.admit(translate.response_job(body, request_id, created_at))
+    job = await quota.charge(translate.response_job(body, request_id, created_at))
     pending = translate.pending_response(body, request_id, created_at)
     drain_grace_s = get_state(request).drain_grace_s
     if body.background:
@@ -63,11 +63,11 @@ async def create_response(
     if not body.stream:
         events = await dispatcher.complete(job, request.receive)
         return translate.finished_response(pending, events, request_id, time.time())
-    admission = await dispatcher.start(job, request.receive)
+    acceptance = await dispatcher.start(job, request.receive)
     stream = translate.ResponseStream(pending, request_id, time.time())
     return sse.event_stream(
-        admission.accepted,
-        dispatcher.relay(admission),
+        acceptance.accepted,
+        dispatcher.relay(acceptance),
         stream.events,
         drain_grace_s=drain_grace_s,
     )

@@ -14,7 +14,7 @@ import time
 from fastapi import APIRouter, Query, Request
 from sse_starlette import EventSourceResponse
 
-from gateway.access.quota import Admitter, AdmitterDep
+from gateway.access.quota import Quota, QuotaDep
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.http.deps import DispatcherDep, JsonBody, PoolDep, RequestIdDep
 from gateway.http.errors import unknown_model
@@ -36,12 +36,12 @@ async def generate(
     pool: PoolDep,
     dispatcher: DispatcherDep,
     request_id: RequestIdDep,
-    admitter: AdmitterDep,
+    quota: QuotaDep,
     request: Request,
 ) -> GenerateResponse:
     """Generate text for ``inputs``; with ``details`` also its tokens, finish reason and seed."""
     model = resolve_model(body.model, await registry.live_workers(pool))
-    job = await admitter.admit(translate.generate_job(body, model, request_id, time.time(), stream=False))
+    job = await quota.charge(translate.generate_job(body, model, request_id, time.time(), stream=False))
     return translate.generate_response(body, await dispatcher.complete(job, request.receive))
 
 
@@ -56,12 +56,12 @@ async def generate_stream(
     pool: PoolDep,
     dispatcher: DispatcherDep,
     request_id: RequestIdDep,
-    admitter: AdmitterDep,
+    quota: QuotaDep,
     request: Request,
 ) -> EventSourceResponse:
     """Stream one event per token; the last carries generated_text (and details if asked)."""
     model = resolve_model(body.model, await registry.live_workers(pool))
-    return await _stream(body, model, dispatcher, request_id, admitter, request)
+    return await _stream(body, model, dispatcher, request_id, quota, request)
 
 
 @router.post("/", response_model=list[GenerateResponse], responses=TGI_COMPAT, dependencies=[JsonBody])
@@ -70,14 +70,14 @@ async def compat_generate(
     pool: PoolDep,
     dispatcher: DispatcherDep,
     request_id: RequestIdDep,
-    admitter: AdmitterDep,
+    quota: QuotaDep,
     request: Request,
 ) -> list[GenerateResponse] | EventSourceResponse:
     """/generate (answer wrapped in a list) or /generate_stream, as ``stream`` says."""
     model = resolve_model(body.model, await registry.live_workers(pool))
     if body.stream:
-        return await _stream(body, model, dispatcher, request_id, admitter, request)
-    job = await admitter.admit(translate.generate_job(body, model, request_id, time.time(), stream=False))
+        return await _stream(body, model, dispatcher, request_id, quota, request)
+    job = await quota.charge(translate.generate_job(body, model, request_id, time.time(), stream=False))
     return [translate.generate_response(body, await dispatcher.complete(job, request.receive))]
 
 
@@ -99,12 +99,12 @@ async def _stream(
     model: str,
     dispatcher: Dispatcher,
     request_id: str,
-    admitter: Admitter,
+    quota: Quota,
     request: Request,
 ) -> EventSourceResponse:
-    job = await admitter.admit(translate.generate_job(body, model, request_id, time.time(), stream=True))
-    admission = await dispatcher.start(job, request.receive)
-    return token_stream(admission.accepted, dispatcher.relay(admission), translate.TgiStream(body))
+    job = await quota.charge(translate.generate_job(body, model, request_id, time.time(), stream=True))
+    acceptance = await dispatcher.start(job, request.receive)
+    return token_stream(acceptance.accepted, dispatcher.relay(acceptance), translate.TgiStream(body))
 
 
 def resolve_model(requested: str | None, workers: list[WorkerInfo]) -> str:
