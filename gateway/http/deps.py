@@ -1,7 +1,9 @@
 """Owns what request handlers may depend on: the lifespan's state, the request id, a JSON body.
 
 Handlers declare these as ``Annotated`` aliases and read like what they need
-(``dispatcher: DispatcherDep``). The state is what ``gateway/http/app.py``'s lifespan
+(``request_id: RequestIdDep``); each feature's service is built from them and
+offered the same way beside it (``QuotaDep``, ``OpenAIDep``...), so routes never
+hold the Redis client themselves. The state is what ``gateway/http/app.py``'s lifespan
 built; it is read from ``app.state`` (see the note there on why not from the
 per-request copy of the lifespan state).
 

@@ -11,7 +11,8 @@ Streams need a little memory (which prompt's text to echo, which choices ended,
 how many prompts finished), so each streamed response gets its own small
 ``ChatStream`` or ``CompletionStream``; everything else is a free function.
 A worker that sends no ``ChoiceFinished`` (an older one) is still understood: the
-choices it left open end with ``Finished``'s reason.
+choices it left open end with ``Finished``'s reason. Logprobs take OpenAI's shapes
+in ``gateway/openai/logprobs.py``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import MISSING, BaseModel
 
+from gateway.openai.logprobs import chat_logprobs, completion_logprobs
 from gateway.openai.schema import (
     AssistantMessage,
     ChatChoice,
@@ -29,13 +31,9 @@ from gateway.openai.schema import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
-    ChoiceLogprobs,
     Completion,
     CompletionChoice,
-    CompletionChoiceLogprobs,
     FinishReasonName,
-    TokenLogprob,
-    TopLogprob,
     Usage,
 )
 from shared.errors import WorkerFailed
@@ -49,7 +47,6 @@ from shared.protocol import (
     TokenEvent,
 )
 from shared.protocol import TokenLogprob as WireLogprob
-from shared.protocol import TopLogprob as WireTopLogprob
 from shared.protocol import Usage as WireUsage
 
 _FINISH_REASONS: dict[FinishReason, FinishReasonName] = {
@@ -91,54 +88,6 @@ def summed_usage(finished: Iterable[Finished]) -> Usage:
         prompt += event.usage.prompt_tokens
         completion += event.usage.completion_tokens
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
-
-
-# Logprobs
-
-
-def chat_logprobs(entries: Sequence[WireLogprob]) -> ChoiceLogprobs:
-    """Chat's shape: one object per token, its bytes and its top alternatives."""
-    return ChoiceLogprobs(content=[_chat_entry(entry) for entry in entries])
-
-
-def _chat_entry(entry: WireLogprob) -> TokenLogprob:
-    return TokenLogprob(
-        token=entry.token,
-        logprob=entry.logprob,
-        bytes=_bytes(entry.token),
-        top_logprobs=[_top_entry(top) for top in entry.top],
-    )
-
-
-def _top_entry(top: WireTopLogprob) -> TopLogprob:
-    return TopLogprob(token=top.token, logprob=top.logprob, bytes=_bytes(top.token))
-
-
-def _bytes(token: str) -> list[int]:
-    return list(token.encode("utf-8"))
-
-
-def completion_logprobs(
-    entries: Sequence[WireLogprob | PromptLogprob], offset: int
-) -> CompletionChoiceLogprobs:
-    """The legacy shape: parallel lists; each token's text offset counts from ``offset`` (vLLM's way)."""
-    offsets = []
-    for entry in entries:
-        offsets.append(offset)
-        offset += len(entry.token)
-    return CompletionChoiceLogprobs(
-        text_offset=offsets,
-        token_logprobs=[entry.logprob for entry in entries],
-        tokens=[entry.token for entry in entries],
-        top_logprobs=[_top_map(entry) for entry in entries],
-    )
-
-
-def _top_map(entry: WireLogprob | PromptLogprob) -> dict[str, float] | None:
-    if entry.logprob is None:
-        return None  # the prompt's first token: nothing predicted it
-    # The chosen token is listed too, as vLLM does, so logprobs=0 still names it.
-    return {entry.token: entry.logprob} | {top.token: top.logprob for top in entry.top}
 
 
 # Events -> whole objects (non-streaming)
