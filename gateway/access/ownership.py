@@ -1,18 +1,20 @@
 """Owns tenant isolation at the HTTP edge: recording who created a resource, and 404 for others.
 
 Handlers that create something fetchable by id call ``claim``; handlers that
-serve something by id depend on ``owned(kind, path_param)`` (or call
-``require_owner``). Someone else's id answers 404, exactly like an id that never
-existed, so probing ids reveals nothing. Admins are tenants like any other here:
-reading another tenant's data is not an admin power.
+serve something by id depend on ``owned(kind, path_param)``, and a service
+given an id some other way asks ``Ownership.require``. Someone else's id answers
+404, exactly like an id that never existed, so probing ids reveals nothing.
+Admins are tenants like any other here: reading another tenant's data is not an
+admin power.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Coroutine
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
-from fastapi import Request
+from fastapi import Depends, Request
 from redis.asyncio import Redis
 
 from gateway.access.auth import Principal
@@ -44,3 +46,22 @@ def owned(kind: ResourceKind, path_param: str) -> Callable[..., Coroutine[Any, A
         return resource_id
 
     return owned_id
+
+
+@dataclass(frozen=True, slots=True)
+class Ownership:
+    """Ownership checks for one request's caller."""
+
+    redis: Redis
+    principal: Principal
+
+    async def require(self, kind: ResourceKind, resource_id: str) -> None:
+        """Raise 404 unless the caller's tenant created ``resource_id``."""
+        await require_owner(self.redis, self.principal, kind, resource_id)
+
+
+async def get_ownership(pool: PoolDep, principal: PrincipalDep) -> Ownership:
+    return Ownership(pool, principal)
+
+
+OwnershipDep = Annotated[Ownership, Depends(get_ownership)]

@@ -1,7 +1,7 @@
-"""Owns a generation job's admission at the HTTP edge: the max_tokens cap, its token charge, its owner.
+"""Owns a generation job's quota charge at the HTTP edge: the max_tokens cap, its token charge, its owner.
 
-Every route that enqueues a job passes it through ``Admitter.admit`` after
-translating the request and before dispatching it:
+Every route that submits a job passes it through ``Quota.charge`` after
+translating the request and before submitting it:
 
 1. ``max_tokens`` above the operator's ``max_tokens_limit`` is a 400 on
    ``max_tokens``; a request that names none gets the limit, so no request
@@ -14,7 +14,7 @@ translating the request and before dispatching it:
    no ``max_tokens`` (and no ``max_tokens_limit``) is charged its prompt only.
    Intentional divergence: the charge is not
    reconciled with the actual usage of the ``finished`` event. Like OpenAI, we
-   count the worst case at admission, which never lets a key overshoot its limit
+   count the worst case when charging, which never lets a key overshoot its limit
    while a long generation runs; refunding afterwards would need the charge to
    follow the stream through failover and disconnects for little gain.
 3. The request's id is recorded as owned by the caller's tenant, so whatever
@@ -33,7 +33,7 @@ from redis.asyncio import Redis
 
 from gateway.access import ownership
 from gateway.access.auth import Principal
-from gateway.access.rate_limits import RateLimiter
+from gateway.access.rate_limits import RateLimits
 from gateway.http.deps import PrincipalDep, get_state
 from shared import keys
 from shared.access.ownership import ResourceKind
@@ -48,24 +48,24 @@ REQUEST_OWNER_TTL_S = keys.EVENTS_RUNNING_TTL_S + keys.EVENTS_TTL_S
 
 
 @dataclass(frozen=True, slots=True)
-class Admitter:
-    """The gateway's admission policy bound to one request's caller."""
+class Quota:
+    """The gateway's quota charge bound to one request's caller."""
 
     redis: Redis
-    rate_limiter: RateLimiter
+    rate_limits: RateLimits
     max_tokens_limit: int | None
     principal: Principal
     scope_state: dict[str, Any]
 
-    async def admit(self, job: GenerationJob) -> GenerationJob:
+    async def charge(self, job: GenerationJob) -> GenerationJob:
         """The job as it may run (capped); 400 over the cap, 429 over the token limit."""
-        return (await self.admit_all([job]))[0]
+        return (await self.charge_all([job]))[0]
 
-    async def admit_all(self, jobs: Sequence[GenerationJob]) -> list[GenerationJob]:
-        """The jobs of one request (one per prompt), charged together: all admitted or none."""
+    async def charge_all(self, jobs: Sequence[GenerationJob]) -> list[GenerationJob]:
+        """The jobs of one request (one per prompt), charged together: all or none."""
         capped_jobs = [capped(job, self.max_tokens_limit) for job in jobs]
         tokens = sum(estimated_tokens(job) for job in capped_jobs)
-        await self.rate_limiter.charge_tokens(self.principal, self.scope_state, tokens)
+        await self.rate_limits.charge_tokens(self.principal, self.scope_state, tokens)
         for job in capped_jobs:
             await ownership.claim(
                 self.redis, self.principal, ResourceKind.REQUEST, job.request_id, REQUEST_OWNER_TTL_S
@@ -108,10 +108,10 @@ def _text_tokens(text: str) -> int:
     return math.ceil(len(text) / CHARS_PER_TOKEN)
 
 
-async def get_admitter(request: Request, principal: PrincipalDep) -> Admitter:
+async def get_quota(request: Request, principal: PrincipalDep) -> Quota:
     state = get_state(request)
     scope_state = request.scope.setdefault("state", {})
-    return Admitter(state.pool, state.rate_limiter, state.max_tokens_limit, principal, scope_state)
+    return Quota(state.pool, state.rate_limits, state.max_tokens_limit, principal, scope_state)
 
 
-AdmitterDep = Annotated[Admitter, Depends(get_admitter)]
+QuotaDep = Annotated[Quota, Depends(get_quota)]

@@ -24,9 +24,10 @@ from enum import StrEnum
 from typing import Any
 
 from starlette.datastructures import MutableHeaders
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from gateway.access.auth import Principal
+from gateway.http.asgi import HttpMiddleware, on_response_start
 from shared import keys
 from shared.access.token_buckets import BucketState, Take, TokenBuckets
 from shared.errors import RateLimited, RequestRateLimited, TokenRateLimited
@@ -52,7 +53,7 @@ _REFUSALS: dict[Resource, type[RateLimited]] = {
 _UNITS = {Resource.REQUESTS: "requests per min (RPM)", Resource.TOKENS: "tokens per min (TPM)"}
 
 
-class RateLimiter:
+class RateLimits:
     """Charges principals' buckets; one per gateway process."""
 
     def __init__(self, buckets: TokenBuckets) -> None:
@@ -119,24 +120,17 @@ def duration_text(seconds: float) -> str:
     return f"{int(minutes)}m{text}" if minutes else text
 
 
-class RateLimitHeadersMiddleware:
+class RateLimitHeadersMiddleware(HttpMiddleware):
     """Add the caller's latest bucket states as ``x-ratelimit-*`` headers to its response."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         # Handlers write into this very mapping (request.state), so it must exist first.
         state: dict[str, Any] = scope.setdefault("state", {})
 
-        async def send_with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start" and state.get(_STATE_KEY):
+        def add_headers(message: Message) -> None:
+            if state.get(_STATE_KEY):
                 headers = MutableHeaders(scope=message)
                 for name, value in rate_limit_headers(state[_STATE_KEY]).items():
                     headers[name] = value
-            await send(message)
 
-        await self.app(scope, receive, send_with_headers)
+        await self.app(scope, receive, on_response_start(send, add_headers))

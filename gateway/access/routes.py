@@ -1,8 +1,8 @@
 """Owns the admin API under /admin: managing API keys over HTTP (admin keys only, else 403).
 
-The same operations as ``tokenferry keys``: list (never secrets or hashes),
-create (the secret appears once, in that response), revoke. A revoked key
-stops working within the gateways' ``auth_cache_s``.
+The same operations as ``tokenferry keys`` (``gateway/access/key_admin.py`` does
+them): list (never secrets or hashes), create (the secret appears once, in that
+response), revoke. A revoked key stops working within the gateways' ``auth_cache_s``.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Annotated
 from fastapi import APIRouter, Path
 from pydantic import BaseModel, ConfigDict, Field
 
-from gateway.http.deps import AdminDep, JsonBody, PoolDep
+from gateway.access.key_admin import KeyAdminDep
+from gateway.http.deps import JsonBody
 from shared.access import apikeys
-from shared.errors import NotFound
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 
@@ -62,24 +62,21 @@ def key_info(record: apikeys.ApiKeyRecord) -> KeyInfo:
 
 
 @router.get("/keys", response_model=KeyList)
-async def list_keys(admin: AdminDep, pool: PoolDep) -> KeyList:
+async def list_keys(key_admin: KeyAdminDep) -> KeyList:
     """Every key, revoked ones included, oldest first."""
-    return KeyList(data=[key_info(record) for record in await apikeys.list_keys(pool)])
+    return KeyList(data=[key_info(record) for record in await key_admin.list()])
 
 
 @router.post("/keys", response_model=NewKey, status_code=201, dependencies=[JsonBody])
-async def create_key(body: NewKeyRequest, admin: AdminDep, pool: PoolDep) -> NewKey:
+async def create_key(body: NewKeyRequest, key_admin: KeyAdminDep) -> NewKey:
     """A new key; its secret is in this response and nowhere else."""
-    created = await apikeys.create_key(
-        pool, body.name, rpm=body.rpm, tpm=body.tpm, is_admin=body.is_admin, tenant=body.tenant
+    created = await key_admin.create(
+        body.name, rpm=body.rpm, tpm=body.tpm, is_admin=body.is_admin, tenant=body.tenant
     )
     return NewKey(**key_info(created.record).model_dump(), secret=created.secret)
 
 
 @router.delete("/keys/{key_id}", response_model=KeyInfo)
-async def revoke_key(key_id: Annotated[str, Path()], admin: AdminDep, pool: PoolDep) -> KeyInfo:
+async def revoke_key(key_id: Annotated[str, Path()], key_admin: KeyAdminDep) -> KeyInfo:
     """Revoke ``key_id`` (kept in the list as revoked); 404 for an unknown id."""
-    try:
-        return key_info(await apikeys.revoke_key(pool, key_id))
-    except apikeys.KeyNotFound as error:
-        raise NotFound(f"No API key found with id '{key_id}'.", param="key_id") from error
+    return key_info(await key_admin.revoke(key_id))

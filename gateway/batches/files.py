@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import secrets
 import time
+from contextlib import aclosing
 
 from redis.asyncio import Redis
 
+from gateway.batches.listing import newest_after
 from gateway.batches.schema import FileObject, FilePurpose
 from shared import keys
 from shared.access.ownership import ResourceKind, record_owner
@@ -66,19 +68,16 @@ class FileStore:
     async def list(
         self, tenant: str, *, limit: int, after: str | None, purpose: str | None
     ) -> list[FileObject]:
-        """The tenant's files, newest first, after the id ``after``; expired ones are pruned."""
-        ids = [_text(item) for item in await self._redis.zrevrange(keys.files_index(tenant), 0, -1)]
-        if after is not None and after in ids:
-            ids = ids[ids.index(after) + 1 :]
+        """The tenant's files, newest first, after the id ``after``: ``limit`` of them and one more
+        when there are more; expired ones are pruned."""
         found: list[FileObject] = []
-        for file_id in ids:
-            meta = await self.get(file_id)
-            if meta is None:
-                await self._redis.zrem(keys.files_index(tenant), file_id)
-            elif purpose is None or meta.purpose == purpose:
-                found.append(meta)
-            if len(found) > limit:
-                break
+        listed = newest_after(self._redis, keys.files_index(tenant), after, self.get)
+        async with aclosing(listed) as files:
+            async for meta in files:
+                if purpose is None or meta.purpose == purpose:
+                    found.append(meta)
+                if len(found) > limit:
+                    break
         return found
 
     async def delete(self, tenant: str, file_id: str) -> bool:
@@ -89,7 +88,3 @@ class FileStore:
             pipe.zrem(keys.files_index(tenant), file_id)
             deleted, _ = await pipe.execute()
         return int(deleted) > 0
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value

@@ -27,11 +27,13 @@ import json
 import secrets
 import time
 from collections.abc import Sequence
+from contextlib import aclosing
 from typing import Any
 
 from redis.asyncio import Redis
 
 from gateway.background.status_cas import StatusCas
+from gateway.batches.listing import newest_after
 from gateway.batches.schema import (
     TERMINAL_BATCH_STATUSES,
     Batch,
@@ -112,18 +114,13 @@ class BatchStore:
 
     async def list(self, tenant: str, *, limit: int, after: str | None) -> tuple[list[Batch], bool]:
         """The tenant's batches, newest first, after the id ``after``; and whether more follow."""
-        ids = [_text(item) for item in await self._redis.zrevrange(keys.batches_index(tenant), 0, -1)]
-        if after is not None and after in ids:
-            ids = ids[ids.index(after) + 1 :]
         found: list[Batch] = []
-        for batch_id in ids:
-            batch = await self.get(batch_id)
-            if batch is None:
-                await self._redis.zrem(keys.batches_index(tenant), batch_id)
-                continue
-            if len(found) == limit:
-                return found, True
-            found.append(batch)
+        listed = newest_after(self._redis, keys.batches_index(tenant), after, self.get)
+        async with aclosing(listed) as batches:
+            async for batch in batches:
+                if len(found) == limit:
+                    return found, True
+                found.append(batch)
         return found, False
 
     async def transition(self, batch_id: str, to: str, allowed: tuple[str, ...], **fields: str | int) -> bool:

@@ -1,4 +1,4 @@
-"""Owns one request's job from the gateway's side: admission, enqueue, events, abort.
+"""Owns one request's job from the gateway's side: submitting it (enqueue, acceptance), its events, its abort.
 
 The flow: refuse a model nobody serves (404) or nobody serves right now (503);
 enqueue the job; wait for the worker's first event, which is ``accepted`` or
@@ -63,7 +63,7 @@ class ClientDisconnected(TokenferryError):
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
+class Acceptance:
     """A job its worker accepted, with where its event stream goes on from."""
 
     job: GenerationJob
@@ -81,27 +81,26 @@ class Dispatcher:
         self._max_queued = max_queued
         self._reader = EventReader(pool)
 
-    async def start(self, job: GenerationJob, receive: Receive) -> Admission:
-        """Admit ``job`` (for streaming), aborting it if the client leaves while it waits."""
-        return await unless_disconnected(self._admit(job), receive)
+    async def start(self, job: GenerationJob, receive: Receive) -> Acceptance:
+        """Submit ``job`` (for streaming), aborting it if the client leaves while it waits."""
+        return await unless_disconnected(self._submit(job), receive)
 
     async def complete(self, job: GenerationJob, receive: Receive) -> list[TokenEvent]:
-        """Admit ``job`` and collect all its events (Accepted ... Finished), watching the client."""
-        return await unless_disconnected(self._admit_and_collect(job), receive)
+        """Submit ``job`` and collect all its events (Accepted ... Finished), watching the client."""
+        return await unless_disconnected(self._submit_and_collect(job), receive)
 
-    async def admit(self, job: GenerationJob) -> Admission:
-        """Admit ``job`` without watching the client: for callers running several jobs (``fanout.py``)."""
-        return await self._admit(job)
+    async def submit(self, job: GenerationJob) -> Acceptance:
+        """Submit ``job`` without watching the client: for callers running several jobs (``fanout.py``)."""
+        return await self._submit(job)
 
     async def collect(self, job: GenerationJob) -> list[TokenEvent]:
-        """Admit ``job`` and collect all its events, without watching the client (``fanout.py``)."""
-        return await self._admit_and_collect(job)
+        """Submit ``job`` and collect all its events, without watching the client (``fanout.py``)."""
+        return await self._submit_and_collect(job)
 
-    async def relay(self, admission: Admission) -> AsyncGenerator[StreamEvent, None]:
+    async def relay(self, acceptance: Acceptance) -> AsyncGenerator[StreamEvent, None]:
         """The events after Accepted through Finished; Failed is raised; leaving early aborts."""
-        follow = self._follow(
-            admission.job.request_id, admission.accepted.entry_id, admission.deadline, admission.enqueued_at
-        )
+        request_id, after_id = acceptance.job.request_id, acceptance.accepted.entry_id
+        follow = self._follow(request_id, after_id, acceptance.deadline, acceptance.enqueued_at)
         async with aclosing(follow) as events:
             async for item in events:
                 yield item
@@ -157,14 +156,14 @@ class Dispatcher:
             except RedisError as error:
                 logger.warning("abort not delivered: %s", error)
 
-    async def _admit_and_collect(self, job: GenerationJob) -> list[TokenEvent]:
-        admission = await self._admit(job)
-        events: list[TokenEvent] = [admission.accepted.event]
-        async with aclosing(self.relay(admission)) as relayed:
+    async def _submit_and_collect(self, job: GenerationJob) -> list[TokenEvent]:
+        acceptance = await self._submit(job)
+        events: list[TokenEvent] = [acceptance.accepted.event]
+        async with aclosing(self.relay(acceptance)) as relayed:
             events.extend([item.event async for item in relayed])
         return events
 
-    async def _admit(self, job: GenerationJob) -> Admission:
+    async def _submit(self, job: GenerationJob) -> Acceptance:
         await require_live(self._pool, job.model)
         note_model(job.model)
         enqueued_at = time.monotonic()
@@ -184,7 +183,7 @@ class Dispatcher:
             first.event.prompt_tokens,
             time.monotonic() - enqueued_at,
         )
-        return Admission(job=job, accepted=first, deadline=deadline, enqueued_at=enqueued_at)
+        return Acceptance(job=job, accepted=first, deadline=deadline, enqueued_at=enqueued_at)
 
     async def _refuse_when_overloaded(self, job: GenerationJob, ahead: int) -> None:
         """Refuse (429) a just-enqueued job with ``max_queued`` others waiting ahead of it.

@@ -1,11 +1,11 @@
 """Owns answering one request with several jobs: a completions request that lists several prompts.
 
 Each prompt runs as its own job (``{request_id}-p{j}``, see ``translate.completion_jobs``),
-so each is admitted, streamed, aborted and taken over like any request. Here they
-are admitted together, and their events merged into one response:
+so each is submitted, streamed, aborted and taken over like any request. Here they
+are submitted together, and their events merged into one response:
 
-* admission is all or nothing: the first refusal (a prompt too long, say) aborts
-  the jobs already admitted and is raised, so the client gets one 4xx;
+* submitting is all or nothing: the first refusal (a prompt too long, say) aborts
+  the jobs already accepted and is raised, so the client gets one 4xx;
 * their ``Accepted`` events come first, in prompt order (``gateway/openai/render.py``
   relies on it to know which prompt's text to echo), then all events as they
   arrive, interleaved, each ``Delta``/``ChoiceFinished`` re-indexed to OpenAI's
@@ -28,7 +28,7 @@ from typing import TypeVar
 
 import anyio
 
-from gateway.dispatch.dispatcher import Admission, Dispatcher
+from gateway.dispatch.dispatcher import Acceptance, Dispatcher
 from shared.jobs.streams import StreamEvent
 from shared.protocol import ChoiceFinished, Delta, GenerationJob, TokenEvent
 
@@ -41,9 +41,9 @@ async def collect_all(dispatcher: Dispatcher, jobs: Sequence[GenerationJob]) -> 
     return await _all([dispatcher.collect(job) for job in jobs])
 
 
-async def admit_all(dispatcher: Dispatcher, jobs: Sequence[GenerationJob]) -> list[Admission]:
-    """Admit every job, or none: a refusal aborts the jobs already admitted, then is raised."""
-    tasks = [asyncio.ensure_future(dispatcher.admit(job)) for job in jobs]
+async def submit_all(dispatcher: Dispatcher, jobs: Sequence[GenerationJob]) -> list[Acceptance]:
+    """Submit every job, or none: a refusal aborts the jobs already accepted, then is raised."""
+    tasks = [asyncio.ensure_future(dispatcher.submit(job)) for job in jobs]
     try:
         return await _all(tasks)
     except BaseException:
@@ -54,23 +54,23 @@ async def admit_all(dispatcher: Dispatcher, jobs: Sequence[GenerationJob]) -> li
 
 
 def relay_all(
-    dispatcher: Dispatcher, admissions: Sequence[Admission], choices_per_prompt: int
+    dispatcher: Dispatcher, acceptances: Sequence[Acceptance], choices_per_prompt: int
 ) -> AsyncGenerator[StreamEvent, None]:
     """The events after the first job's ``Accepted``: one job's own relay, or the merge of several."""
-    if len(admissions) == 1:
-        return dispatcher.relay(admissions[0])
-    return _merged(dispatcher, admissions, choices_per_prompt)
+    if len(acceptances) == 1:
+        return dispatcher.relay(acceptances[0])
+    return _merged(dispatcher, acceptances, choices_per_prompt)
 
 
 async def _merged(
-    dispatcher: Dispatcher, admissions: Sequence[Admission], choices_per_prompt: int
+    dispatcher: Dispatcher, acceptances: Sequence[Acceptance], choices_per_prompt: int
 ) -> AsyncGenerator[StreamEvent, None]:
-    for admission in admissions[1:]:
-        yield StreamEvent(_MERGED_ENTRY_ID, admission.accepted.event)
+    for acceptance in acceptances[1:]:
+        yield StreamEvent(_MERGED_ENTRY_ID, acceptance.accepted.event)
     queue: asyncio.Queue[tuple[int, StreamEvent] | Exception | None] = asyncio.Queue()
     pumps = [
-        asyncio.ensure_future(_pump(dispatcher, admission, prompt_index, queue))
-        for prompt_index, admission in enumerate(admissions)
+        asyncio.ensure_future(_pump(dispatcher, acceptance, prompt_index, queue))
+        for prompt_index, acceptance in enumerate(acceptances)
     ]
     try:
         running = len(pumps)
@@ -93,13 +93,13 @@ async def _merged(
 
 async def _pump(
     dispatcher: Dispatcher,
-    admission: Admission,
+    acceptance: Acceptance,
     prompt_index: int,
     queue: asyncio.Queue[tuple[int, StreamEvent] | Exception | None],
 ) -> None:
     """Move one job's relayed events into the merge's queue; None marks its end, an exception its failure."""
     try:
-        async with aclosing(dispatcher.relay(admission)) as events:
+        async with aclosing(dispatcher.relay(acceptance)) as events:
             async for item in events:
                 await queue.put((prompt_index, item))
     except Exception as error:

@@ -9,23 +9,29 @@ That gateway needs to render the same chunks the first one did, so each stream's
 when the stream starts. The renderer is rebuilt by feeding it the events the
 client already has (its chunk state, such as which choices have ended, then
 matches), and the stream goes on after the given id: nothing lost, nothing twice.
+``Resumer`` does that for the route (``gateway/dispatch/routes.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hmac
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import AsyncGenerator, Callable, Sequence
+from typing import Annotated, Any, Literal
 
+from fastapi import Depends, Request
 from pydantic import BaseModel
 from redis.asyncio import Redis
+from sse_starlette import EventSourceResponse
 
+from gateway.dispatch.dispatcher import Dispatcher
+from gateway.http import sse
+from gateway.http.deps import get_state
 from gateway.openai.render import ChatStream, CompletionStream, ResponseMeta
 from shared import keys
 from shared.errors import InvalidRequest, NotFound
 from shared.jobs.streams import StreamEvent
-from shared.protocol import TokenEvent
+from shared.protocol import TERMINAL_EVENT_TYPES, TokenEvent
 
 StreamKind = Literal["chat", "completion"]
 
@@ -64,3 +70,38 @@ def split_history(history: list[StreamEvent], last_event_id: str | None) -> tupl
     raise InvalidRequest(
         f"Last-Event-ID {last_event_id!r} is not an event of this stream.", param="Last-Event-ID"
     )
+
+
+class Resumer:
+    """Resumes streams this gateway never served; built per request from the gateway state."""
+
+    def __init__(self, redis: Redis, dispatcher: Dispatcher, drain_grace_s: float) -> None:
+        self._redis = redis
+        self._dispatcher = dispatcher
+        self._drain_grace_s = drain_grace_s
+
+    async def resume(self, request_id: str, tenant: str, last_event_id: str | None) -> EventSourceResponse:
+        """The stream of ``request_id`` after ``last_event_id``, rendered as its first gateway did."""
+        view = await load_view(self._redis, request_id, tenant)
+        seen, follow_from = split_history(await self._dispatcher.history(request_id), last_event_id)
+        render = view.renderer()
+        for item in seen:
+            render(item.event)  # rebuild the chunk state the client's copy of the stream has
+        if any(item.event.type in TERMINAL_EVENT_TYPES for item in seen):
+            rest = _nothing()  # the client has the whole stream but [DONE]
+        else:
+            rest = self._dispatcher.follow(request_id, follow_from)
+        return sse.event_stream(None, rest, render, drain_grace_s=self._drain_grace_s)
+
+
+async def _nothing() -> AsyncGenerator[StreamEvent, None]:
+    return
+    yield  # an empty async generator
+
+
+async def get_resumer(request: Request) -> Resumer:
+    state = get_state(request)
+    return Resumer(state.pool, state.dispatcher, state.drain_grace_s)
+
+
+ResumerDep = Annotated[Resumer, Depends(get_resumer)]

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request
+from fastapi import APIRouter, Header, Query
 from sse_starlette import EventSourceResponse
 
-from gateway.dispatch import resume
-from gateway.http import sse
-from gateway.http.deps import DispatcherDep, PoolDep, PrincipalDep, get_state
-from shared.jobs.streams import StreamEvent
-from shared.protocol import TERMINAL_EVENT_TYPES
+from gateway.dispatch.resume import ResumerDep
+from gateway.http.deps import PrincipalDep
 
 router = APIRouter(tags=["openai"])
 
@@ -24,9 +20,7 @@ router = APIRouter(tags=["openai"])
 )
 async def resume_stream(
     request_id: str,
-    request: Request,
-    dispatcher: DispatcherDep,
-    pool: PoolDep,
+    resumer: ResumerDep,
     principal: PrincipalDep,
     last_event_id: Annotated[str | None, Header(description="The id of the last SSE event received.")] = None,
     after: Annotated[str | None, Query(description="Same as the Last-Event-ID header.")] = None,
@@ -36,18 +30,4 @@ async def resume_stream(
     The request id is the ``x-request-id`` header of the original response. Events
     after ``Last-Event-ID`` are sent exactly as the original gateway would have.
     """
-    view = await resume.load_view(pool, request_id, principal.tenant)
-    seen, follow_from = resume.split_history(await dispatcher.history(request_id), last_event_id or after)
-    render = view.renderer()
-    for item in seen:
-        render(item.event)  # rebuild the chunk state the client's copy of the stream has
-    if any(item.event.type in TERMINAL_EVENT_TYPES for item in seen):
-        rest = _nothing()  # the client has the whole stream but [DONE]
-    else:
-        rest = dispatcher.follow(request_id, follow_from)
-    return sse.event_stream(None, rest, render, drain_grace_s=get_state(request).drain_grace_s)
-
-
-async def _nothing() -> AsyncGenerator[StreamEvent, None]:
-    return
-    yield  # an empty async generator
+    return await resumer.resume(request_id, principal.tenant, last_event_id or after)

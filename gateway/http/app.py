@@ -24,19 +24,16 @@ from starlette.middleware.cors import CORSMiddleware
 
 from gateway.access import routes as admin
 from gateway.access.auth import Authenticator, Limits, static_keys
-from gateway.access.rate_limits import RATE_LIMIT_HEADERS, RateLimiter, RateLimitHeadersMiddleware
+from gateway.access.rate_limits import RATE_LIMIT_HEADERS, RateLimitHeadersMiddleware, RateLimits
 from gateway.background import work
-from gateway.batches import batch_routes as batches
-from gateway.batches import file_routes as files
+from gateway.batches import routes as batches
 from gateway.dispatch import routes as streams
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.http.deps import GatewayState, LifespanState, guard_request
 from gateway.http.errors import install_error_handlers
 from gateway.http.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.http.openapi import OPENAI_ADMIN, OPENAI_BACKGROUND, OPENAI_GENERATION, OPENAI_READ
-from gateway.openai import chat_routes as chat
-from gateway.openai import completions_routes as completions
-from gateway.openai import models_routes as models
+from gateway.openai import routes as openai
 from gateway.ops import health_routes as health
 from gateway.ops import metrics_routes
 from gateway.ops.metrics import GatewayMetrics, RequestMetricsMiddleware
@@ -66,7 +63,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
-        path_limits={"/v1/files": settings.max_file_bytes + files.MULTIPART_OVERHEAD_BYTES},
+        path_limits={"/v1/files": settings.max_file_bytes + batches.MULTIPART_OVERHEAD_BYTES},
     )
     app.add_middleware(RequestIdMiddleware)
     # Outside the body limit and request ids, so 413s are counted too; one registry per app.
@@ -84,13 +81,13 @@ def create_app(settings: GatewaySettings) -> FastAPI:
     guard = [Depends(guard_request)]
     app.include_router(health.router)
     app.include_router(metrics_routes.router, dependencies=guard if settings.metrics_require_key else [])
-    for router in (chat.router, completions.router, responses.router):
+    for router in (openai.router, responses.router):
         app.include_router(router, dependencies=guard, responses=OPENAI_GENERATION)
-    app.include_router(models.router, dependencies=guard, responses=OPENAI_READ)
+    app.include_router(openai.models_router, dependencies=guard, responses=OPENAI_READ)
     app.include_router(tokenize.router, dependencies=guard, responses=OPENAI_READ)
     app.include_router(streams.router, dependencies=guard, responses=OPENAI_READ)
     app.include_router(admin.router, dependencies=guard, responses=OPENAI_ADMIN)
-    for router in (files.router, batches.router):
+    for router in (batches.files_router, batches.batches_router):
         app.include_router(router, dependencies=guard, responses=OPENAI_BACKGROUND)
     app.include_router(tgi.router, dependencies=guard)
     return app
@@ -127,7 +124,7 @@ def build_state(settings: GatewaySettings, pool: QueuePool, dispatcher: Dispatch
         pool=pool,
         dispatcher=dispatcher,
         authenticator=Authenticator(pool, keys, limits, settings.auth_cache_s),
-        rate_limiter=RateLimiter(TokenBuckets(pool)),
+        rate_limits=RateLimits(TokenBuckets(pool)),
         max_tokens_limit=settings.max_tokens_limit,
         max_choices=settings.max_n,
         drain_grace_s=settings.drain_grace_s,

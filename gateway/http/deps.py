@@ -1,7 +1,9 @@
 """Owns what request handlers may depend on: the lifespan's state, the request id, a JSON body.
 
 Handlers declare these as ``Annotated`` aliases and read like what they need
-(``dispatcher: DispatcherDep``). The state is what ``gateway/http/app.py``'s lifespan
+(``request_id: RequestIdDep``); each feature's service is built from them and
+offered the same way beside it (``QuotaDep``, ``OpenAIDep``...), so routes never
+hold the Redis client themselves. The state is what ``gateway/http/app.py``'s lifespan
 built; it is read from ``app.state`` (see the note there on why not from the
 per-request copy of the lifespan state).
 
@@ -17,7 +19,7 @@ from typing import Annotated, TypedDict
 from fastapi import Depends, Request
 
 from gateway.access.auth import Authenticator, Principal
-from gateway.access.rate_limits import RateLimiter
+from gateway.access.rate_limits import RateLimits
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.http.request_ids import request_id_of
 from gateway.http.unicode_text import check_unicode_text
@@ -32,7 +34,7 @@ class GatewayState:
     pool: QueuePool
     dispatcher: Dispatcher
     authenticator: Authenticator
-    rate_limiter: RateLimiter
+    rate_limits: RateLimits
     max_tokens_limit: int | None = None
     max_choices: int = 16  # the operator's max_n
     drain_grace_s: float = 30.0  # how long open streams may run on once the server stops
@@ -71,7 +73,7 @@ async def get_principal(request: Request) -> Principal:
 
 async def guard_request(request: Request, principal: Annotated[Principal, Depends(get_principal)]) -> None:
     """Every guarded route: authenticate, then take one unit of the caller's requests-per-minute."""
-    await get_state(request).rate_limiter.charge_request(principal, request.scope.setdefault("state", {}))
+    await get_state(request).rate_limits.charge_request(principal, request.scope.setdefault("state", {}))
 
 
 async def get_admin(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:

@@ -1,8 +1,6 @@
 """Owns the ASGI layers every HTTP request passes first: its request id and its body-size limit.
 
-Both are pure ASGI middleware rather than ``BaseHTTPMiddleware``, which would
-buffer streamed responses and run the app in a separate task (losing the
-request-id contextvar for log lines).
+Both are pure ASGI middleware (``gateway/http/asgi.py`` says why).
 
 Intentional divergence: the body limit reads the whole body (at most
 ``max_body_bytes``) before the app runs, instead of raising mid-read. FastAPI
@@ -13,60 +11,52 @@ bodies are small JSON documents that are parsed whole anyway, so buffering costs
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.http.asgi import HttpMiddleware, on_response_start
 from gateway.http.errors import error_response
 from gateway.http.request_ids import REQUEST_ID_HEADER, new_request_id, remember, request_id_of
 from shared.errors import PayloadTooLarge
 from shared.logs import request_id_var
 
 
-class RequestIdMiddleware:
+class RequestIdMiddleware(HttpMiddleware):
     """Give each request a fresh id: in the scope, in log lines, and in the response header."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         request_id = new_request_id()
         remember(scope, request_id)
         token = request_id_var.set(request_id)
         try:
-            await self.app(scope, receive, _with_request_id_header(send, request_id))
+            await self.app(scope, receive, on_response_start(send, _request_id_header(request_id)))
         finally:
             request_id_var.reset(token)
 
 
-def _with_request_id_header(send: Send, request_id: str) -> Send:
-    async def send_with_header(message: Message) -> None:
-        if message["type"] == "http.response.start":
-            headers = MutableHeaders(scope=message)
-            if REQUEST_ID_HEADER not in headers:
-                headers.append(REQUEST_ID_HEADER, request_id)
-        await send(message)
+def _request_id_header(request_id: str) -> Callable[[Message], None]:
+    def add_header(message: Message) -> None:
+        headers = MutableHeaders(scope=message)
+        if REQUEST_ID_HEADER not in headers:
+            headers.append(REQUEST_ID_HEADER, request_id)
 
-    return send_with_header
+    return add_header
 
 
-class BodyLimitMiddleware:
+class BodyLimitMiddleware(HttpMiddleware):
     """Answer 413 to a body over ``max_body_bytes``, by its Content-Length or by counting.
 
     ``path_limits`` raises the limit of named paths (file uploads carry far more than JSON bodies).
     """
 
     def __init__(self, app: ASGIApp, max_body_bytes: int, path_limits: dict[str, int] | None = None) -> None:
-        self.app = app
+        super().__init__(app)
         self.max_body_bytes = max_body_bytes
         self.path_limits = path_limits or {}
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         limit = self.path_limits.get(scope["path"], self.max_body_bytes)
         declared = _declared_length(scope)
         body = None if declared > limit else await _read_body(receive, limit)

@@ -14,7 +14,7 @@ OpenAI itself sends.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
 from contextlib import aclosing
 
 import anyio
@@ -35,6 +35,7 @@ SEND_TIMEOUT_S = 30.0
 DRAIN_GRACE_S = 30.0
 
 ChunkMaker = Callable[[TokenEvent], Sequence[BaseModel]]
+FrameMaker = Callable[[StreamEvent], Iterable[ServerSentEvent]]
 
 
 def event_stream(
@@ -49,31 +50,56 @@ def event_stream(
     When the server stops, the stream may run on for ``drain_grace_s`` before it is
     cut (and then its job keeps running, for a resume elsewhere: ``gateway/http/shutdown.py``).
     """
+    frames = relayed_frames(
+        first,
+        rest,
+        lambda item: _event_frames(item, to_chunks),
+        _error_frame,
+        done=ServerSentEvent(data=DONE, sep=SEPARATOR),
+    )
+    return sse_response(frames, drain_grace_s=drain_grace_s)
+
+
+def sse_response(
+    frames: AsyncIterator[ServerSentEvent], *, drain_grace_s: float | None = None
+) -> EventSourceResponse:
+    """``frames`` as an SSE response: keep-alives, the send timeout, and a drain once the server
+    stops when ``drain_grace_s`` is given (without it, sse-starlette's defaults)."""
     return EventSourceResponse(
-        _frames(first, rest, to_chunks),
+        frames,
         sep=SEPARATOR,
         ping=KEEPALIVE_S,
         ping_message_factory=_keepalive,
         send_timeout=SEND_TIMEOUT_S,
-        shutdown_event=anyio.Event(),
-        shutdown_grace_period=drain_grace_s,
+        shutdown_event=None if drain_grace_s is None else anyio.Event(),
+        shutdown_grace_period=0 if drain_grace_s is None else drain_grace_s,
     )
 
 
-async def _frames(
-    first: StreamEvent | None, rest: AsyncGenerator[StreamEvent, None], to_chunks: ChunkMaker
+async def relayed_frames(
+    first: StreamEvent | None,
+    rest: AsyncGenerator[StreamEvent, None],
+    to_frames: FrameMaker,
+    error_frame: Callable[[Exception], ServerSentEvent],
+    *,
+    done: ServerSentEvent | None = None,
 ) -> AsyncIterator[ServerSentEvent]:
+    """The frames of ``first`` then of each event of ``rest``, then ``done`` (if any).
+
+    A failure while relaying ``rest`` ends the stream with ``error_frame`` instead of ``done``.
+    """
     async with aclosing(rest):
-        for frame in _event_frames(first, to_chunks) if first is not None else ():
+        for frame in to_frames(first) if first is not None else ():
             yield frame
         try:
             async for item in rest:
-                for frame in _event_frames(item, to_chunks):
+                for frame in to_frames(item):
                     yield frame
         except Exception as exc:  # after the 200 went out, failures travel in-band
-            yield _error_frame(exc)
+            yield error_frame(exc)
             return
-    yield ServerSentEvent(data=DONE, sep=SEPARATOR)
+    if done is not None:
+        yield done
 
 
 def _event_frames(item: StreamEvent, to_chunks: ChunkMaker) -> list[ServerSentEvent]:

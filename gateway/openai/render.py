@@ -11,16 +11,19 @@ Streams need a little memory (which prompt's text to echo, which choices ended,
 how many prompts finished), so each streamed response gets its own small
 ``ChatStream`` or ``CompletionStream``; everything else is a free function.
 A worker that sends no ``ChoiceFinished`` (an older one) is still understood: the
-choices it left open end with ``Finished``'s reason.
+choices it left open end with ``Finished``'s reason. Logprobs take OpenAI's shapes
+in ``gateway/openai/logprobs.py``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
-from pydantic import MISSING
+from pydantic import MISSING, BaseModel
 
+from gateway.openai.logprobs import chat_logprobs, completion_logprobs
 from gateway.openai.schema import (
     AssistantMessage,
     ChatChoice,
@@ -28,13 +31,9 @@ from gateway.openai.schema import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatDelta,
-    ChoiceLogprobs,
     Completion,
     CompletionChoice,
-    CompletionChoiceLogprobs,
     FinishReasonName,
-    TokenLogprob,
-    TopLogprob,
     Usage,
 )
 from shared.errors import WorkerFailed
@@ -48,7 +47,6 @@ from shared.protocol import (
     TokenEvent,
 )
 from shared.protocol import TokenLogprob as WireLogprob
-from shared.protocol import TopLogprob as WireTopLogprob
 from shared.protocol import Usage as WireUsage
 
 _FINISH_REASONS: dict[FinishReason, FinishReasonName] = {
@@ -90,54 +88,6 @@ def summed_usage(finished: Iterable[Finished]) -> Usage:
         prompt += event.usage.prompt_tokens
         completion += event.usage.completion_tokens
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
-
-
-# Logprobs
-
-
-def chat_logprobs(entries: Sequence[WireLogprob]) -> ChoiceLogprobs:
-    """Chat's shape: one object per token, its bytes and its top alternatives."""
-    return ChoiceLogprobs(content=[_chat_entry(entry) for entry in entries])
-
-
-def _chat_entry(entry: WireLogprob) -> TokenLogprob:
-    return TokenLogprob(
-        token=entry.token,
-        logprob=entry.logprob,
-        bytes=_bytes(entry.token),
-        top_logprobs=[_top_entry(top) for top in entry.top],
-    )
-
-
-def _top_entry(top: WireTopLogprob) -> TopLogprob:
-    return TopLogprob(token=top.token, logprob=top.logprob, bytes=_bytes(top.token))
-
-
-def _bytes(token: str) -> list[int]:
-    return list(token.encode("utf-8"))
-
-
-def completion_logprobs(
-    entries: Sequence[WireLogprob | PromptLogprob], offset: int
-) -> CompletionChoiceLogprobs:
-    """The legacy shape: parallel lists; each token's text offset counts from ``offset`` (vLLM's way)."""
-    offsets = []
-    for entry in entries:
-        offsets.append(offset)
-        offset += len(entry.token)
-    return CompletionChoiceLogprobs(
-        text_offset=offsets,
-        token_logprobs=[entry.logprob for entry in entries],
-        tokens=[entry.token for entry in entries],
-        top_logprobs=[_top_map(entry) for entry in entries],
-    )
-
-
-def _top_map(entry: WireLogprob | PromptLogprob) -> dict[str, float] | None:
-    if entry.logprob is None:
-        return None  # the prompt's first token: nothing predicted it
-    # The chosen token is listed too, as vLLM does, so logprobs=0 still names it.
-    return {entry.token: entry.logprob} | {top.token: top.logprob for top in entry.top}
 
 
 # Events -> whole objects (non-streaming)
@@ -229,25 +179,50 @@ def _echoed_prompt(meta: ResponseMeta, events: Iterable[TokenEvent]) -> str:
 
 # Events -> chunks (streaming). Failed events never get here: dispatch raises them.
 
+ChunkT = TypeVar("ChunkT", ChatCompletionChunk, Completion)
 
-@dataclass
-class _StreamProgress:
-    """Which choices have ended and which jobs have finished, for the stream's last chunks."""
 
-    meta: ResponseMeta
-    ended: set[int] = field(default_factory=set)
-    finished: list[Finished] = field(default_factory=list)
+class _Chunks(Generic[ChunkT]):
+    """What a stream's chunks share, chat or text: the envelope, the choices' ends, the usage.
 
-    def finish(self, event: Finished) -> list[int] | None:
-        """Record a job's end; once every job has ended, the choices still open (else None)."""
-        self.finished.append(event)
-        if len(self.finished) < self.meta.prompts:
-            return None
-        return [index for index in range(self.meta.prompts * self.meta.n) if index not in self.ended]
+    Remembers which choices have ended and which jobs have finished, for the stream's last chunks.
+    """
 
-    @property
-    def usage(self) -> Usage:
-        return summed_usage(self.finished)
+    def __init__(
+        self,
+        meta: ResponseMeta,
+        chunk_type: type[ChunkT],
+        ended_choice: Callable[[int, FinishReasonName], BaseModel],
+    ) -> None:
+        self._meta = meta
+        self._chunk_type: type[ChunkT] = chunk_type
+        self._ended_choice = ended_choice  # a choice's last chunk: no content, its finish reason
+        self._ended: set[int] = set()
+        self._finished: list[Finished] = []
+
+    def of(self, choice: BaseModel) -> ChunkT:
+        """The chunk carrying ``choice`` (its usage null when the client asked for usage)."""
+        return self._envelope(choices=[choice], usage=None if self._meta.include_usage else MISSING)
+
+    def ending(self, event: ChoiceFinished | Finished) -> list[ChunkT]:
+        """A choice's end; once every job has finished, the ends of the choices still open and the usage."""
+        if isinstance(event, ChoiceFinished):
+            self._ended.add(event.index)
+            return [self.of(self._ended_choice(event.index, _FINISH_REASONS[event.finish_reason]))]
+        self._finished.append(event)
+        if len(self._finished) < self._meta.prompts:
+            return []
+        reason = _FINISH_REASONS[event.finish_reason]
+        still_open = [index for index in range(self._meta.prompts * self._meta.n) if index not in self._ended]
+        chunks = [self.of(self._ended_choice(index, reason)) for index in still_open]
+        if self._meta.include_usage:
+            chunks.append(self._envelope(choices=[], usage=summed_usage(self._finished)))
+        return chunks
+
+    def _envelope(self, **fields: Any) -> ChunkT:
+        meta = self._meta
+        chunk: ChunkT = self._chunk_type(id=meta.id, created=meta.created, model=meta.model, **fields)
+        return chunk
 
 
 class ChatStream:
@@ -255,57 +230,30 @@ class ChatStream:
 
     def __init__(self, meta: ResponseMeta) -> None:
         self._meta = meta
-        self._progress = _StreamProgress(meta)
+        self._chunks = _Chunks(meta, ChatCompletionChunk, _ended_chat_choice)
 
     def chunks(self, event: TokenEvent) -> list[ChatCompletionChunk]:
         """The chunks one event becomes (often one, sometimes none or several)."""
         if isinstance(event, Accepted):
-            return [
-                self._chunk(index, ChatDelta(role="assistant", content="")) for index in range(self._meta.n)
-            ]
+            return [self._chunks.of(_opening_chat_choice(index)) for index in range(self._meta.n)]
         if isinstance(event, Delta):
             return [self._delta_chunk(event)] if event.text or event.logprobs else []
-        if isinstance(event, ChoiceFinished):
-            self._progress.ended.add(event.index)
-            return [self._chunk(event.index, ChatDelta(), _FINISH_REASONS[event.finish_reason])]
-        if isinstance(event, Finished):
-            return self._last_chunks(event)
+        if isinstance(event, ChoiceFinished | Finished):
+            return self._chunks.ending(event)
         return []
 
     def _delta_chunk(self, delta: Delta) -> ChatCompletionChunk:
         logprobs = None if delta.logprobs is None else chat_logprobs(delta.logprobs)
-        return self._chunk(delta.index, ChatDelta(content=delta.text), logprobs=logprobs)
+        choice = ChatChunkChoice(index=delta.index, delta=ChatDelta(content=delta.text), logprobs=logprobs)
+        return self._chunks.of(choice)
 
-    def _last_chunks(self, event: Finished) -> list[ChatCompletionChunk]:
-        still_open = self._progress.finish(event)
-        if still_open is None:
-            return []
-        reason = _FINISH_REASONS[event.finish_reason]
-        chunks = [self._chunk(index, ChatDelta(), reason) for index in still_open]
-        return chunks + [self._usage_chunk()] if self._meta.include_usage else chunks
 
-    def _chunk(
-        self,
-        index: int,
-        delta: ChatDelta,
-        finish_reason: FinishReasonName | None = None,
-        logprobs: ChoiceLogprobs | None = None,
-    ) -> ChatCompletionChunk:
-        meta = self._meta
-        choice = ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)
-        return ChatCompletionChunk(
-            id=meta.id,
-            created=meta.created,
-            model=meta.model,
-            choices=[choice],
-            usage=None if meta.include_usage else MISSING,
-        )
+def _opening_chat_choice(index: int) -> ChatChunkChoice:
+    return ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))
 
-    def _usage_chunk(self) -> ChatCompletionChunk:
-        meta = self._meta
-        return ChatCompletionChunk(
-            id=meta.id, created=meta.created, model=meta.model, choices=[], usage=self._progress.usage
-        )
+
+def _ended_chat_choice(index: int, finish_reason: FinishReasonName) -> ChatChunkChoice:
+    return ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=finish_reason)
 
 
 class CompletionStream:
@@ -313,7 +261,7 @@ class CompletionStream:
 
     def __init__(self, meta: ResponseMeta) -> None:
         self._meta = meta
-        self._progress = _StreamProgress(meta)
+        self._chunks = _Chunks(meta, Completion, _ended_completion_choice)
         self._prompt_texts: list[str] = []  # by prompt index: Accepted events arrive in prompt order
         self._offsets: dict[int, int] = {}  # by choice: where its next token's text starts
 
@@ -323,11 +271,8 @@ class CompletionStream:
             return self._accepted(event)
         if isinstance(event, Delta):
             return self._delta(event)
-        if isinstance(event, ChoiceFinished):
-            self._progress.ended.add(event.index)
-            return [self._chunk(event.index, "", _FINISH_REASONS[event.finish_reason])]
-        if isinstance(event, Finished):
-            return self._last_chunks(event)
+        if isinstance(event, ChoiceFinished | Finished):
+            return self._chunks.ending(event)
         return []
 
     def _accepted(self, event: Accepted) -> list[Completion]:
@@ -337,7 +282,8 @@ class CompletionStream:
         if not text or self._meta.defers_echo:
             return []
         first = prompt_index * self._meta.n
-        return [self._chunk(index, text) for index in range(first, first + self._meta.n)]
+        choices = range(first, first + self._meta.n)
+        return [self._chunks.of(CompletionChoice(text=text, index=index)) for index in choices]
 
     def _delta(self, delta: Delta) -> list[Completion]:
         text = delta.text
@@ -352,35 +298,8 @@ class CompletionStream:
             offset = self._offsets.get(delta.index, 0)
             logprobs = completion_logprobs(entries, offset)
             self._offsets[delta.index] = offset + sum(len(entry.token) for entry in entries)
-        return [self._chunk(delta.index, text, logprobs=logprobs)]
+        return [self._chunks.of(CompletionChoice(text=text, index=delta.index, logprobs=logprobs))]
 
-    def _last_chunks(self, event: Finished) -> list[Completion]:
-        still_open = self._progress.finish(event)
-        if still_open is None:
-            return []
-        reason = _FINISH_REASONS[event.finish_reason]
-        chunks = [self._chunk(index, "", reason) for index in still_open]
-        return chunks + [self._usage_chunk()] if self._meta.include_usage else chunks
 
-    def _chunk(
-        self,
-        index: int,
-        text: str,
-        finish_reason: FinishReasonName | None = None,
-        logprobs: CompletionChoiceLogprobs | None = None,
-    ) -> Completion:
-        meta = self._meta
-        choice = CompletionChoice(text=text, index=index, logprobs=logprobs, finish_reason=finish_reason)
-        return Completion(
-            id=meta.id,
-            created=meta.created,
-            model=meta.model,
-            choices=[choice],
-            usage=None if meta.include_usage else MISSING,
-        )
-
-    def _usage_chunk(self) -> Completion:
-        meta = self._meta
-        return Completion(
-            id=meta.id, created=meta.created, model=meta.model, choices=[], usage=self._progress.usage
-        )
+def _ended_completion_choice(index: int, finish_reason: FinishReasonName) -> CompletionChoice:
+    return CompletionChoice(text="", index=index, finish_reason=finish_reason)

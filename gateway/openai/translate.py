@@ -11,6 +11,7 @@ whole objects.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 
 from gateway.openai.render import ResponseMeta
 from gateway.openai.schema import (
@@ -158,30 +159,28 @@ def _stop_list(stop: str | list[str] | None) -> list[str] | None:
 
 
 def chat_meta(request: ChatCompletionRequest, request_id: str, created_at: float) -> ResponseMeta:
-    return ResponseMeta(
-        id=CHAT_ID_PREFIX + request_id,
-        created=int(created_at),
-        model=request.model,
-        include_usage=_wants_usage(request),
-        n=request.n or 1,
-    )
+    return _meta(request, CHAT_ID_PREFIX + request_id, created_at)
 
 
 def completion_meta(request: CompletionRequest, request_id: str, created_at: float) -> ResponseMeta:
-    return ResponseMeta(
-        id=COMPLETION_ID_PREFIX + request_id,
-        created=int(created_at),
-        model=request.model,
-        include_usage=_wants_usage(request),
-        echo=bool(request.echo),
-        n=request.n or 1,
-        prompts=len(request.prompt),
-        logprobs=request.logprobs is not None,
+    meta = _meta(request, COMPLETION_ID_PREFIX + request_id, created_at)
+    return replace(
+        meta, echo=bool(request.echo), prompts=len(request.prompt), logprobs=request.logprobs is not None
     )
 
 
-def _wants_usage(request: ChatCompletionRequest | CompletionRequest) -> bool:
-    return bool(request.stream and request.stream_options and request.stream_options.include_usage)
+def _meta(
+    request: ChatCompletionRequest | CompletionRequest, response_id: str, created_at: float
+) -> ResponseMeta:
+    """What chat and text completions share: id, time, model, choices, whether usage is streamed."""
+    wants_usage = bool(request.stream and request.stream_options and request.stream_options.include_usage)
+    return ResponseMeta(
+        id=response_id,
+        created=int(created_at),
+        model=request.model,
+        include_usage=wants_usage,
+        n=request.n or 1,
+    )
 
 
 # Tokenize requests -> jobs

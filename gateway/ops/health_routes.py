@@ -1,30 +1,23 @@
 """Owns the operational probes: GET /health (liveness), /ready (readiness) and /version.
 
 None of them needs an API key: load balancers and orchestrators call them without one.
-/health answers from this process alone. /ready asks Redis, so every Redis call
-there runs under ``READY_TIMEOUT_S``: a probe that hangs while Redis is down would
-be worse than one that says so, and orchestrators time probes out after ~1 s anyway.
+/health answers from this process alone. /ready asks Redis, under a short deadline
+(``gateway/ops/probes.py``).
 """
 
 from __future__ import annotations
 
-import asyncio
 from typing import Literal
 
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
-from redis.exceptions import RedisError
 
-from gateway.http.deps import PoolDep
 from gateway.openai.schema import ErrorBody
-from shared import __version__, registry
-from shared.errors import NoLiveWorker, Unavailable
+from gateway.ops.probes import ProbesDep
+from shared import __version__
 from shared.protocol import PROTOCOL_VERSION
 
 router = APIRouter(tags=["operations"])
-
-# Redis answers PING in well under a millisecond; a second means it is gone or wedged.
-READY_TIMEOUT_S = 1.0
 
 
 class Health(BaseModel):
@@ -54,16 +47,9 @@ async def health() -> Health:
     response_model=Readiness,
     responses={503: {"model": ErrorBody, "description": "Redis is unreachable or no worker is live."}},
 )
-async def ready(pool: PoolDep) -> Readiness:
+async def ready(probes: ProbesDep) -> Readiness:
     """200 when Redis answers and at least one worker is live; 503 naming what is missing."""
-    try:
-        async with asyncio.timeout(READY_TIMEOUT_S):
-            await pool.ping()
-            workers = await registry.live_workers(pool)
-    except (RedisError, OSError, TimeoutError) as exc:
-        raise Unavailable(f"Not ready: Redis is unreachable ({type(exc).__name__}).") from exc
-    if not workers:
-        raise NoLiveWorker("Not ready: no worker is live.")
+    workers = await probes.live_workers()
     return Readiness(live_workers=len(workers), models=sorted({worker.model for worker in workers}))
 
 

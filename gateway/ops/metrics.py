@@ -38,6 +38,7 @@ from redis.exceptions import RedisError
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.http.asgi import HttpMiddleware, on_response_start
 from shared import cluster
 from shared.protocol import Delta, Finished, TokenEvent
 
@@ -88,30 +89,26 @@ class GatewayMetrics:
         )
 
     def _define_latencies(self) -> None:
-        registry = self.registry
-        self.time_to_first_token = Histogram(
+        self.time_to_first_token = self._latency(
             "time_to_first_token_seconds",
             "From the request's arrival to its first generated token.",
-            ["model"],
-            namespace=NAMESPACE,
-            registry=registry,
-            buckets=TTFT_BUCKETS,
+            TTFT_BUCKETS,
         )
-        self.inter_token_latency = Histogram(
+        self.inter_token_latency = self._latency(
             "inter_token_latency_seconds",
             "Time between successive generated tokens of one request.",
-            ["model"],
-            namespace=NAMESPACE,
-            registry=registry,
-            buckets=ITL_BUCKETS,
+            ITL_BUCKETS,
         )
-        self.e2e_latency = Histogram(
+        self.e2e_latency = self._latency(
             "e2e_request_latency_seconds",
             "From the request's arrival to its last token (finished requests only).",
-            ["model"],
-            namespace=NAMESPACE,
-            registry=registry,
-            buckets=E2E_BUCKETS,
+            E2E_BUCKETS,
+        )
+
+    def _latency(self, name: str, documentation: str, buckets: tuple[float, ...]) -> Histogram:
+        """A per-model latency histogram of this app's registry."""
+        return Histogram(
+            name, documentation, ["model"], namespace=NAMESPACE, registry=self.registry, buckets=buckets
         )
 
     async def refresh_queue_depths(self, redis: Redis) -> None:
@@ -179,21 +176,18 @@ def _time_tokens(record: _RequestRecord, choice: int, tokens: int, now: float) -
         metrics.inter_token_latency.labels(record.model).observe(gap)
 
 
-class RequestMetricsMiddleware:
+class RequestMetricsMiddleware(HttpMiddleware):
     """Counts responses and open streams; sets up the per-request record the hooks fill."""
 
     def __init__(self, app: ASGIApp, metrics: GatewayMetrics) -> None:
-        self.app = app
+        super().__init__(app)
         self.metrics = metrics
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         exchange = _Exchange(scope, _RequestRecord(self.metrics, time.perf_counter()))
         token = _current.set(exchange.record)
         try:
-            await self.app(scope, receive, exchange.wrap(send))
+            await self.app(scope, receive, on_response_start(send, exchange.started))
         finally:
             exchange.close()
             _current.reset(token)
@@ -208,15 +202,8 @@ class _Exchange:
         self.status: int | None = None
         self.is_stream = False
 
-    def wrap(self, send: Send) -> Send:
-        async def observed_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                self._started(message)
-            await send(message)
-
-        return observed_send
-
-    def _started(self, message: Message) -> None:
+    def started(self, message: Message) -> None:
+        """The response's start went out: count its status, and whether it opens a stream."""
         self.status = int(message["status"])
         self._count(self.status)
         content_type = Headers(raw=message.get("headers", [])).get("content-type", "")

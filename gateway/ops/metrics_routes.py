@@ -6,25 +6,15 @@ puts it behind the same key check as the API (``gateway/http/app.py`` decides).
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from gateway.http.deps import PoolDep
-from gateway.ops.metrics import GatewayMetrics
+from gateway.ops.probes import ProbesDep
 
 router = APIRouter(tags=["operations"])
 
 
-def get_metrics(request: Request) -> GatewayMetrics:
-    metrics = getattr(request.app.state, "metrics", None)
-    if not isinstance(metrics, GatewayMetrics):
-        raise RuntimeError("gateway metrics missing: the app was not built by create_app")
-    return metrics
-
-
 @router.get("/metrics", include_in_schema=False)
-async def metrics(request: Request, pool: PoolDep) -> Response:
+async def metrics(probes: ProbesDep) -> Response:
     """Every gateway metric, with queue depths read from Redis now."""
-    gateway_metrics = get_metrics(request)
-    await gateway_metrics.refresh_queue_depths(pool)
-    return Response(gateway_metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+    return Response(await probes.scrape(), media_type=CONTENT_TYPE_LATEST)

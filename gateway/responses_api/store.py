@@ -107,6 +107,10 @@ class ResponseStore:
         raw = await self._redis.hget(keys.response(response_id), "request_id")  # type: ignore[misc]
         return None if raw is None else _text(raw)
 
+    async def has_events(self, request_id: str) -> bool:
+        """Whether the job's event stream is still kept (it expires after its end)."""
+        return bool(await self._redis.exists(keys.events(request_id)))
+
 
 def _record(response: Response) -> dict[str, str]:
     return {"record": response.model_dump_json()}

@@ -13,14 +13,13 @@ id would not name the point a client has really received; TGI sends none either.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
-from contextlib import aclosing
+from collections.abc import AsyncGenerator
 
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from gateway.http.errors import to_domain_error
-from gateway.http.sse import KEEPALIVE_S, SEND_TIMEOUT_S, SEPARATOR
+from gateway.http.sse import SEPARATOR, relayed_frames, sse_response
 from gateway.tgi.translate import TgiStream, tgi_error
 from shared.jobs.streams import StreamEvent
 
@@ -29,32 +28,14 @@ def token_stream(
     first: StreamEvent, rest: AsyncGenerator[StreamEvent, None], stream: TgiStream
 ) -> EventSourceResponse:
     """A streaming response relaying ``first`` then ``rest`` as TGI token events."""
-    return EventSourceResponse(
-        _frames(first, rest, stream),
-        sep=SEPARATOR,
-        ping=KEEPALIVE_S,
-        ping_message_factory=_keepalive,
-        send_timeout=SEND_TIMEOUT_S,
+    frames = relayed_frames(
+        first,
+        rest,
+        lambda item: [_frame(response) for response in stream.feed(item.event)],
+        lambda exc: _frame(tgi_error(to_domain_error(exc))[1]),
     )
-
-
-async def _frames(
-    first: StreamEvent, rest: AsyncGenerator[StreamEvent, None], stream: TgiStream
-) -> AsyncIterator[ServerSentEvent]:
-    async with aclosing(rest):
-        for response in stream.feed(first.event):
-            yield _frame(response)
-        try:
-            async for item in rest:
-                for response in stream.feed(item.event):
-                    yield _frame(response)
-        except Exception as exc:  # after the 200 went out, failures travel in-band
-            yield _frame(tgi_error(to_domain_error(exc))[1])
+    return sse_response(frames)
 
 
 def _frame(payload: BaseModel) -> ServerSentEvent:
     return ServerSentEvent(data=payload.model_dump_json(), sep=SEPARATOR)
-
-
-def _keepalive() -> ServerSentEvent:
-    return ServerSentEvent(comment="keepalive", sep=SEPARATOR)

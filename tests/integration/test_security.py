@@ -186,7 +186,7 @@ async def test_max_tokens_limit_refuses_more_and_caps_open_requests(redis: Redis
     assert open_ended.json()["choices"][0]["finish_reason"] == "length"
 
 
-async def test_tgi_generation_routes_pass_the_same_admission(redis: Redis, redis_url: str) -> None:
+async def test_tgi_generation_routes_pass_the_same_quota_charge(redis: Redis, redis_url: str) -> None:
     created = await apikeys.create_key(redis, "tgi", tpm=20)
     gateway = {"admin_api_keys": [ADMIN], "auth_cache_s": 0, "max_tokens_limit": 8}
     async with running_stack(redis_url, gateway=gateway) as client:

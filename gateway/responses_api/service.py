@@ -1,0 +1,128 @@
+"""Owns answering the Responses API: create (JSON, SSE, or ``background``), retrieve, cancel.
+
+Foreground responses run through the dispatcher like chat completions; a
+``background`` one is enqueued, stored as ``queued`` and answered at once, and a
+runner completes it (``gateway/responses_api/store.py``); clients poll it by id. A
+background one asked with ``stream`` is also streamed as it runs; leaving that
+stream does not stop it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+from sse_starlette import EventSourceResponse
+from starlette.types import Receive
+
+from gateway.access.quota import Quota, QuotaDep
+from gateway.background.work import BackgroundDep
+from gateway.dispatch.dispatcher import require_live
+from gateway.http import sse
+from gateway.http.deps import GatewayState, PrincipalDep, RequestIdDep, get_state
+from gateway.responses_api import translate
+from gateway.responses_api.schema import TERMINAL_RESPONSE_STATUSES, Response, ResponseCreateRequest
+from gateway.responses_api.store import ResponseStore
+from shared.errors import InvalidRequest, NotFound
+from shared.jobs import jobqueue
+from shared.jobs.streams import StreamEvent
+from shared.protocol import GenerationJob
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseService:
+    """One Responses API request's answer, with what it needs of the gateway and of its caller."""
+
+    state: GatewayState
+    store: ResponseStore
+    quota: Quota
+    request_id: str
+    tenant: str
+    receive: Receive
+
+    async def create(self, body: ResponseCreateRequest) -> Response | EventSourceResponse:
+        """A response; streamed as Responses API events if asked; ``background`` answers at once."""
+        created_at = time.time()
+        job = await self.quota.charge(translate.response_job(body, self.request_id, created_at))
+        pending = translate.pending_response(body, self.request_id, created_at)
+        if body.background:
+            return await self._start_background(body, job, pending)
+        dispatcher = self.state.dispatcher
+        if not body.stream:
+            events = await dispatcher.complete(job, self.receive)
+            return translate.finished_response(pending, events, self.request_id, time.time())
+        acceptance = await dispatcher.start(job, self.receive)
+        stream = translate.ResponseStream(pending, self.request_id, time.time())
+        return self._stream(acceptance.accepted, dispatcher.relay(acceptance), stream)
+
+    async def retrieve(
+        self, response_id: str, *, stream: bool, starting_after: int | None
+    ) -> Response | EventSourceResponse:
+        """A background response as it stands, or (``stream``) its events replayed after the
+        ``starting_after``-th."""
+        response = await self.store.get(response_id)
+        if response is None:
+            raise _missing(response_id)
+        if not stream:
+            return response
+        request_id = await self.store.request_id(response_id)
+        if request_id is None:
+            raise _missing(response_id)
+        if response.status in TERMINAL_RESPONSE_STATUSES and not await self.store.has_events(request_id):
+            raise InvalidRequest(
+                "This response's events are no longer kept; retrieve it without `stream`.", param="stream"
+            )
+        after = -1 if starting_after is None else starting_after
+        replay = translate.ResponseStream(translate.as_created(response), request_id, time.time(), after)
+        return self._stream(None, self.state.dispatcher.watch(request_id), replay)
+
+    async def cancel(self, response_id: str) -> Response:
+        """Cancel a background response that has not finished; a finished one is returned as it is."""
+        request_id = await self.store.request_id(response_id)
+        response = await self.store.cancel(response_id)
+        if response is None or request_id is None:
+            raise _missing(response_id)
+        if response.status == "cancelled":
+            await jobqueue.abort(self.state.pool, request_id)
+        return response
+
+    async def _start_background(
+        self, body: ResponseCreateRequest, job: GenerationJob, pending: Response
+    ) -> Response | EventSourceResponse:
+        await require_live(self.state.pool, body.model)
+        await self.store.create(self.tenant, pending, self.request_id)
+        await jobqueue.enqueue(self.state.pool, job)
+        if not body.stream:
+            return pending
+        # Streamed as it runs; a client leaving does not cancel it (cancel does), and it can be polled.
+        stream = translate.ResponseStream(pending, self.request_id, time.time())
+        return self._stream(None, self.state.dispatcher.watch(self.request_id), stream)
+
+    def _stream(
+        self,
+        first: StreamEvent | None,
+        rest: AsyncGenerator[StreamEvent, None],
+        stream: translate.ResponseStream,
+    ) -> EventSourceResponse:
+        return sse.event_stream(first, rest, stream.events, drain_grace_s=self.state.drain_grace_s)
+
+
+def _missing(response_id: str) -> NotFound:
+    return NotFound(f"No response found with id '{response_id}'.", param="response_id")
+
+
+async def get_responses(
+    request: Request,
+    background: BackgroundDep,
+    quota: QuotaDep,
+    principal: PrincipalDep,
+    request_id: RequestIdDep,
+) -> ResponseService:
+    state = get_state(request)
+    return ResponseService(state, background.responses, quota, request_id, principal.tenant, request.receive)
+
+
+ResponsesDep = Annotated[ResponseService, Depends(get_responses)]
