@@ -164,7 +164,7 @@ def attempt_job_id(request_id: str, attempt: int) -> str:
     return request_id if attempt == 0 else f"{request_id}~{attempt}"
 
 
-# Batches, files and background responses (gateway/batch_*.py, gateway/batches/files.py).
+# Batches, files and background responses (gateway/batches/, gateway/responses_api/).
 # A runner that stops renewing its lease (a dead gateway) loses its work this soon.
 RUNNER_LEASE_S = 10
 

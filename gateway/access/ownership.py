@@ -1,4 +1,4 @@
-"""Owns tenant isolation at the HTTP edge: recording who created a resource, and 404 for others.
+"""Owns ownership at the HTTP edge: recording which tenant created a resource, and 404 for any other.
 
 Handlers that create something fetchable by id call ``claim``; handlers that
 serve something by id depend on ``owned(kind, path_param)``, and a service

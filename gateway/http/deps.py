@@ -55,10 +55,6 @@ async def get_pool(request: Request) -> QueuePool:
     return get_state(request).pool
 
 
-async def get_dispatcher(request: Request) -> Dispatcher:
-    return get_state(request).dispatcher
-
-
 async def get_request_id(request: Request) -> str:
     request_id = request_id_of(request.scope)
     if request_id is None:
@@ -93,7 +89,6 @@ async def require_json(request: Request) -> None:
 
 
 PoolDep = Annotated[QueuePool, Depends(get_pool)]
-DispatcherDep = Annotated[Dispatcher, Depends(get_dispatcher)]
 RequestIdDep = Annotated[str, Depends(get_request_id)]
 PrincipalDep = Annotated[Principal, Depends(get_principal)]
 AdminDep = Annotated[Principal, Depends(get_admin)]

@@ -2,7 +2,7 @@
 
 A bucket holds up to ``limit`` units and refills continuously at ``limit`` per
 minute; a request takes ``cost`` units or is refused. Unlike a fixed window this
-never admits two full minutes' worth at a window edge, and unlike a sliding log it
+never lets two full minutes' worth through at a window edge, and unlike a sliding log it
 is two fields per bucket whatever the rate. ``remaining`` and ``reset`` (time
 until the bucket is full again) are exactly what OpenAI's ``x-ratelimit-*``
 headers report.
@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 from shared import keys
 
 WINDOW_MS = keys.RATE_WINDOW_S * 1000
-NEVER = -1  # a cost larger than the bucket itself can never be admitted
+NEVER = -1  # a cost larger than the bucket itself can never be taken
 
 # KEYS: the buckets. ARGV: window_ms, then (limit, cost) per bucket.
 # Returns, per bucket: remaining (floor), reset_ms, retry_ms (0: enough; -1: never).
