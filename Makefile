@@ -45,10 +45,12 @@ test-fast: setup
 	$(BIN)/pytest -q -m "not e2e" $(PYTEST_ARGS)
 
 # schemathesis against /openapi.json of a real gateway + fake-engine worker: FUZZ_EXAMPLES per
-# operation (100 gave 3,483 cases in ~2 min on 2 cores); `make test` runs a short one.
-FUZZ_EXAMPLES ?= 100
+# operation, at least FUZZ_MIN_CASES cases in all, 0 5xx (100 examples gave 3,483 cases in ~2 min
+# on 2 cores); `make test` runs a short one.
+FUZZ_EXAMPLES ?= 300
+FUZZ_MIN_CASES ?= 10000
 fuzz: setup
-	TOKENFERRY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) TOKENFERRY_FUZZ_MIN_CASES=1000 \
+	TOKENFERRY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) TOKENFERRY_FUZZ_MIN_CASES=$(FUZZ_MIN_CASES) \
 		$(BIN)/pytest -q -s tests/integration/test_openapi_fuzz.py $(PYTEST_ARGS)
 
 # Concurrency sweep through the real gateway plus in-process references (~10 min on 2 cores);
