@@ -25,6 +25,7 @@
 | tf:batches:{tenant}          | zset   | gateway | gateway         | retention; stale members pruned      |
 | tf:active:{kind}             | set    | gateway | runner          | members removed when work ends       |
 | tf:lease:{kind}:{id}         | string | runner  | runner          | RUNNER_LEASE_S, renewed while held   |
+| tf:failures:{kind}:{id}      | string | runner  | runner          | RUNNER_FAILURES_TTL_S; gone at success |
 | tf:response:{response_id}    | hash   | gateway | gateway, runner | window + retention; retention at end |
 | arq:job:{job_id}             | string | both    | worker (arq)    | arq's expiry; deleted when it ends   |
 | arq:in-progress:{job_id}     | string | worker  | worker, reaper  | job timeout + 10 s; deleted at end   |
@@ -167,6 +168,8 @@ def attempt_job_id(request_id: str, attempt: int) -> str:
 # Batches, files and background responses (gateway/batches/, gateway/responses_api/).
 # A runner that stops renewing its lease (a dead gateway) loses its work this soon.
 RUNNER_LEASE_S = 10
+# How long a runner remembers an item's failures in a row (its driver raising).
+RUNNER_FAILURES_TTL_S = 3600
 
 
 def file(file_id: str) -> str:
@@ -201,6 +204,11 @@ def active(kind: str) -> str:
 
 def runner_lease(kind: str, resource_id: str) -> str:
     return f"{PREFIX}lease:{kind}:{resource_id}"
+
+
+def runner_failures(kind: str, resource_id: str) -> str:
+    """How many times in a row the runners' drivers of one item raised."""
+    return f"{PREFIX}failures:{kind}:{resource_id}"
 
 
 def response(response_id: str) -> str:

@@ -10,9 +10,20 @@ continues it from what Redis holds (the drivers are written to resume, see
 ``gateway/batches/run.py``). A gateway that stops cleanly gives its leases back at
 once.
 
-A driver that raises (Redis restarted under it, say) is logged and its lease
-given back; the next poll claims the item again, so a transient failure delays
-work but never drops it.
+The runner's event loop must stay free for the renewals: drivers do long CPU work
+(checking a batch's input file) on threads, a piece at a time, so a lease renewed
+every third of its life outlives any of it.
+
+A driver that raises because Redis is away (restarted under it, say) is logged and
+its lease given back; the next poll claims the item again, so an outage delays
+work but never drops it. Any other exception counts as a failure of the item,
+kept in Redis (``keys.runner_failures``) so that every gateway sees the same
+count: the runner keeps the lease through a backoff that doubles with each
+failure (no runner claims the item meanwhile), and after ``max_failures`` in a
+row it calls the kind's ``give_up`` (a batch ends ``failed`` saying so, or
+``cancelled`` if a cancel was asked) instead of trying again. A driver that
+returns clears the count. A kind with no ``give_up`` is tried again at the
+longest backoff.
 """
 
 from __future__ import annotations
@@ -32,6 +43,14 @@ from shared import keys
 logger = logging.getLogger(__name__)
 
 Driver = Callable[[str], Coroutine[Any, Any, None]]
+# Called with the item and its count of failures in a row, once the runner stops trying it.
+GiveUp = Callable[[str, int], Coroutine[Any, Any, None]]
+
+MAX_FAILURES = 5
+FIRST_BACKOFF_S = 0.5
+LONGEST_BACKOFF_S = 60.0
+# Exceptions that say Redis is away, not that the item is bad: never counted as its failures.
+_OUTAGES = (RedisError, OSError, TimeoutError)
 
 # KEYS[1]: a lease; ARGV: its holder's token, then the new TTL (ms, or 0 to release).
 _RENEW = """
@@ -49,11 +68,17 @@ class Runner:
         redis: Redis,
         drivers: Mapping[str, Driver],
         *,
+        give_ups: Mapping[str, GiveUp] | None = None,
         poll_s: float = 0.5,
         lease_s: float = keys.RUNNER_LEASE_S,
+        max_failures: int = MAX_FAILURES,
+        first_backoff_s: float = FIRST_BACKOFF_S,
     ) -> None:
         self._redis = redis
         self._drivers = dict(drivers)
+        self._give_ups = dict(give_ups or {})
+        self._max_failures = max_failures
+        self._first_backoff_ms = int(first_backoff_s * 1000)
         self._poll_s = poll_s
         self._lease_ms = int(lease_s * 1000)
         self._token = secrets.token_hex(8)
@@ -90,21 +115,53 @@ class Runner:
     async def _drive(self, kind: str, item: str) -> None:
         lease = keys.runner_lease(kind, item)
         work: asyncio.Task[None] = asyncio.create_task(self._drivers[kind](item))
+        hold_ms = 0  # how long the lease outlives the drive: 0 gives it back, more is a backoff
         try:
             while not work.done():
                 await asyncio.wait([work], timeout=self._lease_ms / 3000)
                 if not work.done() and not await self._renew_lease(lease, self._lease_ms):
                     logger.warning("runner lost the lease of %s %s; another gateway drives it", kind, item)
                     return
-            if work.exception() is not None:
-                logger.error("runner failed on %s %s", kind, item, exc_info=work.exception())
+            hold_ms = await self._settle(kind, item, work.exception())
         finally:
             work.cancel()
             with contextlib.suppress(BaseException):
                 await work
             with contextlib.suppress(RedisError):
-                await asyncio.shield(self._renew_lease(lease, 0))
+                await asyncio.shield(self._renew_lease(lease, hold_ms))
             self._tasks.pop((kind, item), None)
+
+    async def _settle(self, kind: str, item: str, error: BaseException | None) -> int:
+        """Count a drive's outcome; how long to hold the item's lease before it is tried again."""
+        failures_key = keys.runner_failures(kind, item)
+        try:
+            if error is None:
+                await self._redis.delete(failures_key)
+                return 0
+            if isinstance(error, _OUTAGES):
+                logger.warning("runner could not drive %s %s: %s", kind, item, error)
+                return 0
+            failures = int(await self._redis.incr(failures_key))
+            await self._redis.expire(failures_key, keys.RUNNER_FAILURES_TTL_S)
+        except RedisError as outage:
+            logger.warning("runner could not record how %s %s went: %s", kind, item, outage)
+            return 0
+        logger.error("runner failed on %s %s (%d in a row)", kind, item, failures, exc_info=error)
+        give_up = self._give_ups.get(kind)
+        if failures < self._max_failures or give_up is None:
+            doubled = self._first_backoff_ms << min(failures - 1, 20)
+            return min(doubled, int(LONGEST_BACKOFF_S * 1000))
+        return await self._give_up(give_up, kind, item, failures)
+
+    async def _give_up(self, give_up: GiveUp, kind: str, item: str, failures: int) -> int:
+        try:
+            await give_up(item, failures)
+        except Exception:
+            logger.exception("runner could not give up on %s %s; it tries again", kind, item)
+            return int(LONGEST_BACKOFF_S * 1000)
+        with contextlib.suppress(RedisError):
+            await self._redis.delete(keys.runner_failures(kind, item))
+        return 0
 
     async def _renew_lease(self, lease: str, ttl_ms: int) -> bool:
         try:

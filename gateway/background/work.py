@@ -19,9 +19,10 @@ from typing import Annotated
 
 from fastapi import Depends, FastAPI, Request
 
-from gateway.background.runner import Driver, Runner
+from gateway.background.runner import Driver, GiveUp, Runner
+from gateway.batches.batch_end import BatchContext, give_up_batch
 from gateway.batches.files import FileStore
-from gateway.batches.run import BatchContext, run_batch
+from gateway.batches.run import run_batch
 from gateway.batches.store import BatchStore
 from gateway.responses_api.store import ResponseStore
 from shared.jobs.arq_seam import QueuePool
@@ -41,9 +42,18 @@ def build_background(settings: GatewaySettings, pool: QueuePool) -> tuple[Backgr
     files = FileStore(pool, settings.result_retention_s)
     batches = BatchStore(pool, settings.result_retention_s)
     responses = ResponseStore(pool, settings.result_retention_s)
-    context = BatchContext(pool, batches, files, settings.batch_max_inflight, settings.max_tokens_limit)
+    context = BatchContext(
+        pool,
+        batches,
+        files,
+        max_inflight=settings.batch_max_inflight,
+        max_tokens_limit=settings.max_tokens_limit,
+        max_n=settings.max_n,
+    )
     drivers: dict[str, Driver] = {"batch": partial(run_batch, context), "response": responses.drive}
-    return Background(files, batches, responses, settings.max_file_bytes), Runner(pool, drivers)
+    give_ups: dict[str, GiveUp] = {"batch": partial(give_up_batch, context)}
+    runner = Runner(pool, drivers, give_ups=give_ups)
+    return Background(files, batches, responses, settings.max_file_bytes), runner
 
 
 @contextlib.asynccontextmanager

@@ -65,6 +65,24 @@ class FileStore:
         raw = await self._redis.get(keys.file_content(file_id))
         return None if raw is None else bytes(raw)
 
+    async def content_range(self, file_id: str, start: int, end: int) -> bytes | None:
+        """Bytes ``start`` to ``end`` (exclusive) of the file, not reading the rest; None once it is gone."""
+        if end <= start:  # GETRANGE's end is inclusive, and -1 would mean the whole file
+            return b"" if await self._redis.exists(keys.file_content(file_id)) else None
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.exists(keys.file_content(file_id))
+            pipe.getrange(keys.file_content(file_id), start, end - 1)
+            exists, raw = await pipe.execute()
+        return bytes(raw) if exists else None
+
+    async def size(self, file_id: str) -> int | None:
+        """The file's length in bytes; None when there is no such file."""
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.exists(keys.file_content(file_id))
+            pipe.strlen(keys.file_content(file_id))
+            exists, length = await pipe.execute()
+        return int(length) if exists else None
+
     async def list(
         self, tenant: str, *, limit: int, after: str | None, purpose: str | None
     ) -> list[FileObject]:

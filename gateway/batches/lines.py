@@ -1,11 +1,15 @@
-"""Owns the pure side of batch lines: validating an input file, line -> jobs, events -> output line.
+"""Owns the pure side of one batch line: line -> checked request -> jobs, events -> output line.
 
-A file is validated whole before any line runs, as OpenAI does: every line must be
-JSON with a unique ``custom_id``, ``method`` POST, the batch's ``url`` and a
-``body`` that is a valid request for it (the same request models and translation
-as the interactive routes, so a line is refused exactly when the request would
-be), naming one model for the whole batch. Problems are collected per line
-(``BatchError.line`` is 1-based) instead of stopping at the first.
+A line must be JSON with a ``custom_id``, ``method`` POST, the batch's ``url`` and
+a ``body`` that is a valid request for it. The body goes through exactly what an
+interactive request goes through: the same request models, then
+``translate.request_jobs`` (the operator's caps, such as ``max_n``) and the quota's
+``capped`` (``max_tokens_limit``), so a line is refused exactly when the request
+would be, with the same message and ``param`` (the model's own problems are named
+``body.<field>``). Checking a line is pure, so it fails the same way every time:
+even an unexpected exception is the line's problem (``InvalidRequest`` on
+``body``), never a reason to try the batch again. A whole file is checked by
+``gateway/batches/input_check.py``.
 
 Intentional divergence: batch lines are capped by ``max_tokens_limit`` like any
 request, but not charged to the key's tokens-per-minute bucket. A batch is work
@@ -16,24 +20,34 @@ per-minute ones); charging thousands of lines at once would refuse any real batc
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
 from gateway.access.quota import capped
-from gateway.batches.schema import BatchError, BatchInputLine, BatchOutputLine, LineError, LineResponse
+from gateway.batches.schema import BatchInputLine, BatchOutputLine, LineError, LineResponse
 from gateway.http.errors import error_body, validation_error
 from gateway.openai import render, translate
 from gateway.openai.schema import ChatCompletionRequest, CompletionRequest
 from shared.errors import InvalidRequest, TokenferryError, error_from_info
 from shared.protocol import Failed, GenerationJob, TokenEvent
 
-# Past this many, the rest of a broken file's problems are not listed one by one.
-MAX_REPORTED_ERRORS = 100
+logger = logging.getLogger(__name__)
+
 LINE_ID_PREFIX = "batch_req_"
 
 LineRequest = ChatCompletionRequest | CompletionRequest
+
+
+@dataclass(frozen=True, slots=True)
+class LineRules:
+    """What every line of one batch is checked against: its endpoint and the operator's caps."""
+
+    endpoint: str
+    max_n: int
+    max_tokens_limit: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,48 +57,33 @@ class ParsedLine:
     request: LineRequest
 
 
-class InvalidBatchFile(Exception):
-    """The input file cannot run; ``errors`` name each bad line."""
-
-    def __init__(self, errors: list[BatchError]) -> None:
-        super().__init__(f"{len(errors)} problem(s) in the input file")
-        self.errors = errors
-
-
-def parse_input(content: bytes, endpoint: str, max_tokens_limit: int | None) -> list[ParsedLine]:
-    """Every line of ``content`` validated for ``endpoint``; raises ``InvalidBatchFile`` listing problems."""
-    lines: list[ParsedLine] = []
-    errors: list[BatchError] = []
-    seen: set[str] = set()
-    for number, raw in enumerate(content.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            line = _parse_line(number, raw, endpoint, max_tokens_limit)
-            if line.custom_id in seen:
-                raise InvalidRequest(f"Duplicate custom_id '{line.custom_id}'.", param="custom_id")
-            seen.add(line.custom_id)
-            lines.append(line)
-        except TokenferryError as error:
-            errors.append(
-                BatchError(code="invalid_request", message=error.message, param=error.param, line=number)
-            )
-    errors += _model_errors(lines)
-    if not lines and not errors:
-        errors.append(BatchError(code="empty_file", message="The input file has no lines."))
-    if errors:
-        raise InvalidBatchFile(errors[:MAX_REPORTED_ERRORS])
-    return lines
+def checked_line(number: int, raw: bytes, rules: LineRules) -> ParsedLine:
+    """Line ``number`` of an input file as a request that may run; ``InvalidRequest`` otherwise."""
+    try:
+        return _checked_line(number, raw, rules)
+    except TokenferryError:
+        raise
+    except Exception as error:
+        # Pure checks of one line: it fails this way on every try, so it is the line's error, and
+        # the client gets no internal text (the log keeps it).
+        logger.warning("batch line %d failed its checks unexpectedly: %r", number, error)
+        raise InvalidRequest("The line's body is not a valid request.", param="body") from error
 
 
-def _parse_line(number: int, raw: bytes, endpoint: str, max_tokens_limit: int | None) -> ParsedLine:
+def envelope(raw: bytes, endpoint: str) -> BatchInputLine:
+    """The line around the request: ``custom_id``, ``method``, ``url`` (the batch's) and ``body``."""
     try:
         line = BatchInputLine.model_validate(json.loads(raw))
     except (ValueError, ValidationError) as error:
         raise _line_problem(error) from error
     if line.url != endpoint:
         raise InvalidRequest(f"The url '{line.url}' is not the batch's endpoint '{endpoint}'.", param="url")
-    model = ChatCompletionRequest if endpoint == "/v1/chat/completions" else CompletionRequest
+    return line
+
+
+def _checked_line(number: int, raw: bytes, rules: LineRules) -> ParsedLine:
+    line = envelope(raw, rules.endpoint)
+    model = ChatCompletionRequest if rules.endpoint == "/v1/chat/completions" else CompletionRequest
     try:
         request: LineRequest = model.model_validate(line.body)
     except ValidationError as error:
@@ -95,8 +94,7 @@ def _parse_line(number: int, raw: bytes, endpoint: str, max_tokens_limit: int | 
     if request.stream:
         raise InvalidRequest("Batch lines cannot stream; leave stream unset.", param="body.stream")
     parsed = ParsedLine(number, line.custom_id, request)
-    for job in line_jobs(parsed, "validation", 0.0):  # translation refuses what the routes refuse
-        capped(job, max_tokens_limit)
+    line_jobs(parsed, "validation", 0.0, rules)  # refuses what the routes refuse
     return parsed
 
 
@@ -106,26 +104,10 @@ def _line_problem(error: ValueError | ValidationError) -> InvalidRequest:
     return InvalidRequest(f"The line is not valid JSON: {error}.")
 
 
-def _model_errors(lines: Sequence[ParsedLine]) -> list[BatchError]:
-    """One model per batch, like OpenAI: the lines run on that model's batch queue."""
-    first = lines[0].request.model if lines else None
-    return [
-        BatchError(
-            code="mismatched_model",
-            message=f"Every line must use the same model; line {lines[0].number} uses '{first}'.",
-            param="body.model",
-            line=line.number,
-        )
-        for line in lines
-        if line.request.model != first
-    ]
-
-
-def line_jobs(line: ParsedLine, request_id: str, created_at: float) -> list[GenerationJob]:
-    """The jobs of one line: one, or one per prompt of a completions line listing several."""
-    if isinstance(line.request, ChatCompletionRequest):
-        return [translate.chat_job(line.request, request_id, created_at)]
-    return translate.completion_jobs(line.request, request_id, created_at)
+def line_jobs(line: ParsedLine, request_id: str, created_at: float, rules: LineRules) -> list[GenerationJob]:
+    """The jobs of one line as they may run: one, or one per prompt of a completions line listing several."""
+    jobs = translate.request_jobs(line.request, request_id, created_at, rules.max_n)
+    return [capped(job, rules.max_tokens_limit) for job in jobs]
 
 
 def output_line(
@@ -138,15 +120,11 @@ def output_line(
     """The output line of a finished line (its jobs' events, in job order); True when it failed."""
     failure = next((event for events in results for event in events if isinstance(event, Failed)), None)
     if failure is not None:
-        error = error_from_info(failure.error)
-        body = error_body(error).model_dump()
-        return _line(
-            line, line_id, LineResponse(status_code=error.status, request_id=request_id, body=body)
-        ), True
+        return error_line(line.custom_id, line_id, request_id, error_from_info(failure.error)), True
     response = LineResponse(
         status_code=200, request_id=request_id, body=_response_body(line, request_id, created_at, results)
     )
-    return _line(line, line_id, response), False
+    return BatchOutputLine(id=line_id, custom_id=line.custom_id, response=response, error=None), False
 
 
 def _response_body(
@@ -159,14 +137,18 @@ def _response_body(
     return render.text_completion(meta, results).model_dump(mode="json")
 
 
-def expired_line(line: ParsedLine, line_id: str) -> BatchOutputLine:
+def expired_line(custom_id: str, line_id: str) -> BatchOutputLine:
     """The error line of a line the batch's window closed on before it ran."""
     error = LineError(
         code="batch_expired",
         message="This request could not be executed before the completion window expired.",
     )
-    return BatchOutputLine(id=line_id, custom_id=line.custom_id, response=None, error=error)
+    return BatchOutputLine(id=line_id, custom_id=custom_id, response=None, error=error)
 
 
-def _line(line: ParsedLine, line_id: str, response: LineResponse) -> BatchOutputLine:
-    return BatchOutputLine(id=line_id, custom_id=line.custom_id, response=response, error=None)
+def error_line(custom_id: str, line_id: str, request_id: str, error: TokenferryError) -> BatchOutputLine:
+    """The line of a request that failed with ``error``: its OpenAI error body and status."""
+    response = LineResponse(
+        status_code=error.status, request_id=request_id, body=error_body(error).model_dump()
+    )
+    return BatchOutputLine(id=line_id, custom_id=custom_id, response=response, error=None)

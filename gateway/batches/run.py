@@ -5,23 +5,29 @@ batch's lease runs it, and a runner taking over calls it afresh. Everything it
 needs lives in Redis (``gateway/batches/store.py``), so it starts from whatever
 status it finds:
 
-* ``validating``: the input file is checked whole (``gateway/batches/lines.py``);
-  a bad file fails the batch with ``errors`` naming its lines;
-* ``in_progress``: lines are started in file order on the model's batch lane,
-  at most ``max_inflight`` at a time (each is recorded as running, with its
-  request id, before it is enqueued); every ``tick_s`` the last event of each
-  running line's stream is read in one pipeline, and a line whose jobs all ended
-  is folded into its output line with the interactive routes' own functions.
-  A runner taking over finds the running lines recorded and re-reads their
-  streams instead of running them again; one whose stream is still empty is
-  enqueued again, which arq refuses if it is still queued (ids are never reused);
+* ``validating``: the input file is checked whole, a chunk at a time on a thread
+  (``gateway/batches/input_file.py``), keeping only where each line lies; a bad
+  file fails the batch with ``errors`` naming its lines, and a cancel between
+  chunks stops it;
+* ``in_progress``: lines are read back from the file a window at a time and
+  started in file order on the model's batch lane, at most ``max_inflight`` at a
+  time (each is recorded as running, with its request id, before it is enqueued;
+  a line the caps of this gateway refuse gets its error line instead); every
+  ``tick_s`` the last event of each running line's stream is read in one
+  pipeline, and a line whose jobs all ended is folded into its output line with
+  the interactive routes' own functions. A runner taking over finds the running
+  lines recorded and re-reads their streams instead of running them again; one
+  whose stream is still empty is enqueued again, which arq refuses if it is still
+  queued (ids are never reused);
 * ``cancelling`` aborts the running lines and ends ``cancelled`` with what
   finished; past ``expires_at`` the lines not done get ``batch_expired`` error
   lines and the batch ends ``expired``; otherwise ``finalizing`` writes the
   output and error files and the batch ends ``completed``.
 
-A worker killed mid-line needs nothing here: its job is taken over by another
-worker and the same stream goes on (README, "Failures, resume and drain").
+The runner retries a driver that raises, a bounded number of times, then calls
+``give_up_batch`` (``gateway/batches/batch_end.py``). A worker killed mid-line needs
+nothing here: its job is taken over by another worker and the same stream goes on
+(README, "Failures, resume and drain").
 """
 
 from __future__ import annotations
@@ -32,14 +38,13 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from gateway.access.quota import capped
 from gateway.batches import lines as batch_lines
-from gateway.batches.files import FileStore
-from gateway.batches.lines import InvalidBatchFile, ParsedLine
-from gateway.batches.schema import Batch, BatchError, BatchErrors
-from gateway.batches.store import BatchStore
+from gateway.batches.batch_end import BatchContext, end_with_errors, write_files
+from gateway.batches.input_check import InvalidBatchFile, LineIndex
+from gateway.batches.input_file import InputFile, InputFileGone
+from gateway.batches.lines import ParsedLine
+from gateway.batches.schema import TERMINAL_BATCH_STATUSES, Batch, BatchError
 from shared import keys, registry
-from shared.access.ownership import ResourceKind, owner_of
 from shared.jobs import jobqueue
 from shared.jobs.arq_seam import QueuePool
 from shared.jobs.streams import EventReader, ended_requests
@@ -47,35 +52,35 @@ from shared.protocol import GenerationJob
 
 logger = logging.getLogger(__name__)
 
+# Lines read back at a time to write the error lines of lines a closing window never ran.
+EXPIRE_WINDOW = 1000
 
-@dataclass(frozen=True, slots=True)
-class BatchContext:
-    """What every batch driver of one gateway shares."""
 
-    pool: QueuePool
-    store: BatchStore
-    files: FileStore
-    max_inflight: int
-    max_tokens_limit: int | None
-    tick_s: float = 0.2
+@dataclass(slots=True)
+class _Line:
+    """A running line: its request id and, read back from the file, what its jobs and output need."""
+
+    request_id: str
+    parsed: ParsedLine
 
 
 class BatchRun:
     """One batch being driven by this gateway."""
 
-    def __init__(self, context: BatchContext, batch: Batch, lines: list[ParsedLine]) -> None:
+    def __init__(self, context: BatchContext, batch: Batch, source: InputFile, index: LineIndex) -> None:
         self._context = context
         self._store = context.store
         self._batch = batch
-        self._lines = lines
-        self._running: dict[int, str] = {}
-        self._job_ids: dict[tuple[int, str], list[str]] = {}  # (line, request id) -> its jobs' ids
+        self._source = source
+        self._index = index
+        self._rules = context.rules(batch.endpoint)
+        self._running: dict[int, _Line] = {}
+        self._job_ids: dict[int, list[str]] = {}  # line -> its jobs' ids
         self._reader = EventReader(context.pool)
 
     async def run(self) -> None:
         """Run lines until the batch completes, is cancelled or expires."""
-        self._running = await self._store.running_lines(self._batch.id)
-        await self._resume_unstarted()
+        await self._resume_running()
         while True:
             batch = await self._store.get(self._batch.id)
             if batch is None or batch.status not in ("in_progress", "cancelling", "finalizing"):
@@ -87,53 +92,71 @@ class BatchRun:
             if batch.expires_at is not None and time.time() >= batch.expires_at:
                 await self._stop("expired", ("in_progress",))
                 return
-            await self._top_up(int(await self._store.field(batch.id, "cursor") or 0))
-            if batch.status == "finalizing" or self._is_done(
-                int(await self._store.field(batch.id, "cursor") or 0)
-            ):
+            await self._top_up(await self._cursor())
+            if batch.status == "finalizing" or self._is_done(await self._cursor()):
                 await self._finalize()
                 return
             await asyncio.sleep(self._context.tick_s)
 
+    async def _cursor(self) -> int:
+        return int(await self._store.field(self._batch.id, "cursor") or 0)
+
     def _is_done(self, cursor: int) -> bool:
-        return cursor >= len(self._lines) and not self._running
+        return cursor >= len(self._index) and not self._running
 
-    def _ids_of(self, line: int, request_id: str) -> list[str]:
-        """The request ids of a running line's jobs, translated once: every tick asks for them."""
-        key = (line, request_id)
-        if key not in self._job_ids:
-            self._job_ids[key] = [job.request_id for job in self._jobs(line, request_id)]
-        return self._job_ids[key]
-
-    def _jobs(self, line: int, request_id: str) -> list[GenerationJob]:
-        jobs = batch_lines.line_jobs(self._lines[line], request_id, float(self._batch.created_at))
+    def _jobs(self, line: int) -> list[GenerationJob]:
+        running = self._running[line]
+        created_at = float(self._batch.created_at)
+        jobs = batch_lines.line_jobs(running.parsed, running.request_id, created_at, self._rules)
         deadline = float(self._batch.expires_at or 0) or None
-        return [
-            capped(job, self._context.max_tokens_limit).model_copy(update={"deadline_at": deadline})
-            for job in jobs
-        ]
+        return [job.model_copy(update={"deadline_at": deadline}) for job in jobs]
+
+    def _track(self, line: int, request_id: str, parsed: ParsedLine) -> list[GenerationJob]:
+        """Hold a running line; its jobs, whose ids every tick asks for."""
+        self._running[line] = _Line(request_id, parsed)
+        jobs = self._jobs(line)
+        self._job_ids[line] = [job.request_id for job in jobs]
+        return jobs
 
     async def _top_up(self, cursor: int) -> None:
-        """Start lines from ``cursor`` up to ``max_inflight`` running: recorded first, then enqueued
-        together (one round trip each, and one wake-up for the workers)."""
-        room = min(len(self._lines) - cursor, self._context.max_inflight - len(self._running))
-        started = {line: secrets.token_hex(16) for line in range(cursor, cursor + max(0, room))}
-        if not started:
+        """Start lines from ``cursor`` up to ``max_inflight`` running: read back, recorded, then
+        enqueued together (one round trip each, and one wake-up for the workers)."""
+        room = min(len(self._index) - cursor, self._context.max_inflight - len(self._running))
+        if room <= 0:
             return
-        await self._store.start_lines(self._batch.id, started)
-        self._running.update(started)
+        checked = await self._source.lines(self._index, cursor, room, self._rules)
+        started: dict[int, ParsedLine] = {}
+        refused: list[tuple[int, str, bool]] = []
+        for line, outcome in enumerate(checked, start=cursor):
+            if isinstance(outcome, ParsedLine):
+                started[line] = outcome
+            else:
+                request_id = secrets.token_hex(16)
+                custom_id = (await self._custom_ids(line, 1))[0]
+                refusal = batch_lines.error_line(custom_id, _line_id(request_id), request_id, outcome)
+                refused.append((line, refusal.model_dump_json(), True))
+        await self._store.finish_lines(self._batch.id, refused)  # before the cursor moves past them
+        request_ids = {line: secrets.token_hex(16) for line in started}
+        await self._store.start_lines(self._batch.id, request_ids, cursor + room)
         jobs: list[GenerationJob] = []
-        for line, request_id in started.items():
-            line_jobs = self._jobs(line, request_id)
-            self._job_ids[(line, request_id)] = [job.request_id for job in line_jobs]
-            jobs += line_jobs
+        for line, parsed in started.items():
+            jobs += self._track(line, request_ids[line], parsed)
             await asyncio.sleep(0)  # a line at a time: interactive requests share this event loop
-        await jobqueue.enqueue_many(self._context.pool, jobs, keys.Lane.BATCH)
+        if jobs:
+            await jobqueue.enqueue_many(self._context.pool, jobs, keys.Lane.BATCH)
 
-    async def _resume_unstarted(self) -> None:
-        """After a takeover: enqueue again the running lines whose jobs never published a thing."""
-        for line, request_id in self._running.items():
-            for job in self._jobs(line, request_id):
+    async def _resume_running(self) -> None:
+        """After a takeover: read back the lines recorded as running, and enqueue again those whose
+        jobs never published a thing."""
+        for line, request_id in (await self._store.running_lines(self._batch.id)).items():
+            [outcome] = await self._source.lines(self._index, line, 1, self._rules)
+            if not isinstance(outcome, ParsedLine):
+                await jobqueue.abort(self._context.pool, request_id)
+                custom_id = (await self._custom_ids(line, 1))[0]
+                refusal = batch_lines.error_line(custom_id, _line_id(request_id), request_id, outcome)
+                await self._store.finish_line(self._batch.id, line, refusal.model_dump_json(), failed=True)
+                continue
+            for job in self._track(line, request_id, outcome):
                 if not await self._context.pool.exists(keys.events(job.request_id)):
                     await jobqueue.enqueue(self._context.pool, job, lane=keys.Lane.BATCH)
 
@@ -141,104 +164,103 @@ class BatchRun:
         """Fold every running line whose jobs have all ended into its result line."""
         if not self._running:
             return
-        lines = list(self._running.items())
-        job_ids = [self._ids_of(line, rid) for line, rid in lines]
-        over = await ended_requests(self._context.pool, [job_id for ids in job_ids for job_id in ids])
-        ended = [
-            (line, request_id, ids)
-            for (line, request_id), ids in zip(lines, job_ids, strict=True)
-            if all(job_id in over for job_id in ids)
-        ]
+        over = await ended_requests(
+            self._context.pool, [rid for ids in self._job_ids.values() for rid in ids]
+        )
+        ended = [line for line, ids in self._job_ids.items() if all(job_id in over for job_id in ids)]
         if ended:
             await self._finish(ended)
 
-    async def _finish(self, ended: list[tuple[int, str, list[str]]]) -> None:
-        """Write the result lines of ``ended`` lines (line, request id, job ids): two round trips in all."""
-        histories = iter(await self._reader.histories([job_id for _, _, ids in ended for job_id in ids]))
+    async def _finish(self, ended: list[int]) -> None:
+        """Write the result lines of ``ended`` lines: two round trips in all."""
+        histories = iter(await self._reader.histories([rid for line in ended for rid in self._job_ids[line]]))
         finished: list[tuple[int, str, bool]] = []
-        for line, request_id, ids in ended:
-            results = [[item.event for item in next(histories)] for _ in ids]
+        for line in ended:
+            running = self._running[line]
+            results = [[item.event for item in next(histories)] for _ in self._job_ids[line]]
             output, failed = batch_lines.output_line(
-                self._lines[line], _line_id(request_id), request_id, time.time(), results
+                running.parsed, _line_id(running.request_id), running.request_id, time.time(), results
             )
             finished.append((line, output.model_dump_json(), failed))
             await asyncio.sleep(0)  # a line at a time: interactive requests share this event loop
         await self._store.finish_lines(self._batch.id, finished)
-        for line, request_id, _ in ended:
+        for line in ended:
             self._running.pop(line, None)
-            self._job_ids.pop((line, request_id), None)
+            self._job_ids.pop(line, None)
 
     async def _stop(self, status: str, allowed: tuple[str, ...]) -> None:
         """End early (cancelled or expired): abort what runs, write what finished, then the files."""
-        for line, request_id in list(self._running.items()):
-            for job in self._jobs(line, request_id):
-                await jobqueue.abort(self._context.pool, job.request_id)
+        for job_ids in self._job_ids.values():
+            for job_id in job_ids:
+                await jobqueue.abort(self._context.pool, job_id)
         if status == "expired":
             await self._expire_rest()
-        fields = await self._write_files()
+        fields = await write_files(self._context, self._batch.id)
         await self._store.transition(self._batch.id, status, allowed, **fields)
         logger.info("batch %s %s", self._batch.id, status)
 
     async def _expire_rest(self) -> None:
-        done = await self._store.done_lines(self._batch.id)
-        for index, line in enumerate(self._lines):
-            if index not in done:
-                line_id = _line_id(self._running.get(index) or secrets.token_hex(16))
-                result = batch_lines.expired_line(line, line_id).model_dump_json()
-                await self._store.finish_line(self._batch.id, index, result, failed=True)
+        """The error lines of every line not done: those running, then those never started."""
+        expired = [
+            (line, _expired(running.parsed.custom_id, running.request_id), True)
+            for line, running in self._running.items()
+        ]
+        await self._store.finish_lines(self._batch.id, expired)
+        for first in range(await self._cursor(), len(self._index), EXPIRE_WINDOW):
+            custom_ids = await self._custom_ids(first, min(EXPIRE_WINDOW, len(self._index) - first))
+            expired = [
+                (line, _expired(custom_id, secrets.token_hex(16)), True)
+                for line, custom_id in enumerate(custom_ids, start=first)
+            ]
+            await self._store.finish_lines(self._batch.id, expired)
+
+    async def _custom_ids(self, first: int, count: int) -> list[str]:
+        return await self._source.custom_ids(self._index, first, count, self._batch.endpoint)
 
     async def _finalize(self) -> None:
         await self._store.transition(self._batch.id, "finalizing", ("in_progress",))
-        fields = await self._write_files()
+        fields = await write_files(self._context, self._batch.id)
         if await self._store.transition(self._batch.id, "completed", ("finalizing",), **fields):
             logger.info("batch %s completed", self._batch.id)
-
-    async def _write_files(self) -> dict[str, str]:
-        """The output file, and the error file when a line failed; their ids as batch fields."""
-        tenant = await owner_of(self._context.pool, ResourceKind.BATCH, self._batch.id) or ""
-        fields: dict[str, str] = {}
-        for part, field in (("output", "output_file_id"), ("errors", "error_file_id")):
-            content = await self._store.results(self._batch.id, part)
-            if content or part == "output":
-                name = f"{self._batch.id}_{part}.jsonl"
-                fields[field] = (await self._context.files.create(tenant, name, "batch_output", content)).id
-        return fields
 
 
 async def run_batch(context: BatchContext, batch_id: str) -> None:
     """Drive ``batch_id`` from whatever status it is in to its end (the runner's batch driver)."""
     batch = await context.store.get(batch_id)
-    if batch is None or batch.status in ("failed", "completed", "expired", "cancelled"):
+    if batch is None or batch.status in TERMINAL_BATCH_STATUSES:
         await context.pool.srem(keys.active("batch"), batch_id)  # type: ignore[misc]
         return
-    lines = await _load_lines(context, batch)
-    if lines is None:
-        return
-    if batch.status == "validating":
-        fields: dict[str, str | int] = {"total": len(lines), "model": lines[0].request.model}
-        if not await context.store.transition(batch_id, "in_progress", ("validating",), **fields):
-            return  # cancelled while it was being validated
-        logger.info("batch %s in progress: %d lines", batch_id, len(lines))
-    await BatchRun(context, batch, lines).run()
-
-
-async def _load_lines(context: BatchContext, batch: Batch) -> list[ParsedLine] | None:
-    """The batch's validated lines; a bad file (or model) fails the batch and gives None."""
-    content = await context.files.content(batch.input_file_id)
+    source = InputFile(context.files, batch.input_file_id)
     try:
-        if content is None:
-            raise InvalidBatchFile(
-                [BatchError(code="file_not_found", message="The input file no longer exists.")]
-            )
-        lines = batch_lines.parse_input(content, batch.endpoint, context.max_tokens_limit)
-        await _require_known_model(context.pool, lines[0].request.model)
+        index = await _input_index(context, batch, source)
     except InvalidBatchFile as error:
-        errors = BatchErrors(data=error.errors).model_dump_json()
-        allowed = ("validating", "in_progress", "cancelling", "finalizing")
-        await context.store.transition(batch.id, "failed", allowed, errors=errors)
         logger.info("batch %s failed validation: %s", batch.id, error)
-        return None
-    return lines
+        await end_with_errors(context, batch.id, error.errors)
+        return
+    except InputFileGone:
+        message = "The input file was deleted before the batch was done with it."
+        await end_with_errors(context, batch.id, [BatchError(code="file_not_found", message=message)])
+        return
+    await BatchRun(context, batch, source, index).run()
+
+
+async def _input_index(context: BatchContext, batch: Batch, source: InputFile) -> LineIndex:
+    """Where each line of the batch lies; validating the file first if that is where the batch is."""
+    if batch.status != "validating":
+        return await source.index()
+
+    async def still_validating() -> bool:
+        return await context.store.field(batch.id, "status") == "validating"
+
+    checked = await source.validate(context.rules(batch.endpoint), still_validating)
+    if checked is None:
+        return LineIndex()  # cancelled while validating: nothing to run, the run ends it cancelled
+    index, model = checked
+    await _require_known_model(context.pool, model)
+    fields: dict[str, str | int] = {"total": len(index), "model": model}
+    if await context.store.transition(batch.id, "in_progress", ("validating",), **fields):
+        logger.info("batch %s in progress: %d lines", batch.id, len(index))
+    return index  # whatever the status is now, the run acts on it (a cancel ends it cancelled)
 
 
 async def _require_known_model(pool: QueuePool, model: str) -> None:
@@ -248,6 +270,10 @@ async def _require_known_model(pool: QueuePool, model: str) -> None:
         raise InvalidBatchFile(
             [BatchError(code="model_not_found", message=message, param="body.model", line=1)]
         )
+
+
+def _expired(custom_id: str, request_id: str) -> str:
+    return batch_lines.expired_line(custom_id, _line_id(request_id)).model_dump_json()
 
 
 def _line_id(request_id: str) -> str:

@@ -2,9 +2,9 @@
 
 A batch is one hash (``keys.batch``) holding its fixed fields (``spec``, JSON), its
 status and timestamps, ``request_counts`` and where the runner is in the file
-(``cursor``: lines below it have been started); beside it, the line numbers done
-(a set), the lines running (a hash: line -> request id) and the output and error
-lines (two lists).
+(``cursor``: lines below it have been started, or refused when due); beside it,
+the line numbers done (a set), the lines running (a hash: line -> request id) and
+the output and error lines (two lists).
 
 Two things must hold whatever runner (gateway) drives the batch, and however many
 think they do after a lease changes hands; both are Lua scripts, so each is one
@@ -135,17 +135,16 @@ class BatchStore:
         value = await self._redis.hget(keys.batch(batch_id), name)  # type: ignore[misc]
         return None if value is None else _text(value)
 
-    async def start_lines(self, batch_id: str, started: dict[int, str]) -> None:
-        """Record lines as running (line -> request id) and move the cursor past them, atomically."""
-        if not started:
-            return
+    async def start_lines(self, batch_id: str, started: dict[int, str], cursor: int) -> None:
+        """Record lines as running (line -> request id) and move the cursor to ``cursor``, atomically."""
         async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(
-                keys.batch_part(batch_id, "inflight"),
-                mapping={str(line): rid for line, rid in started.items()},
-            )
-            pipe.hset(keys.batch(batch_id), "cursor", str(max(started) + 1))
-            pipe.expire(keys.batch_part(batch_id, "inflight"), COMPLETION_WINDOW_S + self.retention_s)
+            if started:
+                pipe.hset(
+                    keys.batch_part(batch_id, "inflight"),
+                    mapping={str(line): rid for line, rid in started.items()},
+                )
+                pipe.expire(keys.batch_part(batch_id, "inflight"), COMPLETION_WINDOW_S + self.retention_s)
+            pipe.hset(keys.batch(batch_id), "cursor", str(cursor))
             await pipe.execute()
 
     async def running_lines(self, batch_id: str) -> dict[int, str]:

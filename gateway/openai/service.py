@@ -43,8 +43,9 @@ class OpenAIService:
 
     async def chat(self, body: schema.ChatCompletionRequest) -> schema.ChatCompletion | EventSourceResponse:
         """The assistant's next message; streamed as chat.completion.chunk events if asked."""
-        created_at = self._created_at(body)
-        job = await self.quota.charge(translate.chat_job(body, self.request_id, created_at))
+        created_at = time.time()
+        [job] = translate.request_jobs(body, self.request_id, created_at, self.state.max_choices)
+        job = await self.quota.charge(job)
         meta = translate.chat_meta(body, self.request_id, created_at)
         if body.stream:
             return await self._chat_stream(job, meta)
@@ -52,8 +53,9 @@ class OpenAIService:
 
     async def complete(self, body: schema.CompletionRequest) -> schema.Completion | EventSourceResponse:
         """Each prompt continued (one job per prompt); streamed as text_completion chunks if asked."""
-        created_at = self._created_at(body)
-        jobs = await self.quota.charge_all(translate.completion_jobs(body, self.request_id, created_at))
+        created_at = time.time()
+        jobs = translate.request_jobs(body, self.request_id, created_at, self.state.max_choices)
+        jobs = await self.quota.charge_all(jobs)
         meta = translate.completion_meta(body, self.request_id, created_at)
         if body.stream:
             return await self._completion_stream(jobs, meta)
@@ -75,12 +77,6 @@ class OpenAIService:
         acceptances = await unless_disconnected(submitted, self.receive)
         relayed = fanout.relay_all(self.state.dispatcher, acceptances, meta.n)
         return self._stream(acceptances[0].accepted, relayed, render.CompletionStream(meta).chunks)
-
-    def _created_at(self, body: schema.ChatCompletionRequest | schema.CompletionRequest) -> float:
-        """The answer's creation time, once ``body`` asks no more choices than the operator allows."""
-        created_at = time.time()
-        translate.check_choice_count(body, self.state.max_choices)
-        return created_at
 
     def _stream(
         self, first: StreamEvent, rest: AsyncGenerator[StreamEvent, None], to_chunks: sse.ChunkMaker

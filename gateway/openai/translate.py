@@ -47,6 +47,22 @@ _ROLE_ALIASES = {"developer": "system"}
 # Requests -> jobs
 
 
+def request_jobs(
+    request: ChatCompletionRequest | CompletionRequest, request_id: str, created_at: float, max_n: int
+) -> list[GenerationJob]:
+    """The jobs of a chat or completions request, once it passes the operator's caps.
+
+    The routes and batch lines both submit what this returns (a batch line is
+    refused exactly when the request would be), so an operator's cap on a request
+    belongs here, not in one of its callers. ``max_tokens`` is capped by the
+    quota's ``capped``, which both also apply.
+    """
+    check_choice_count(request, max_n)
+    if isinstance(request, ChatCompletionRequest):
+        return [chat_job(request, request_id, created_at)]
+    return completion_jobs(request, request_id, created_at)
+
+
 def chat_job(request: ChatCompletionRequest, request_id: str, created_at: float) -> GenerationJob:
     """The job for a chat request; the worker applies the model's chat template."""
     messages = [_chat_message(message) for message in request.messages]

@@ -7,11 +7,25 @@ import json
 import pytest
 
 from cli.batch import progress_line
-from gateway.batches.lines import InvalidBatchFile, expired_line, line_jobs, output_line, parse_input
+from gateway.batches.input_check import FileCheck, InvalidBatchFile, lines_in
+from gateway.batches.lines import LineRules, ParsedLine, expired_line, line_jobs, output_line
 from shared.errors import ContextLengthExceeded
 from shared.protocol import Accepted, ChoiceFinished, Delta, Failed, Finished, FinishReason, Usage
 
 CHAT = "/v1/chat/completions"
+RULES = LineRules(CHAT, max_n=16, max_tokens_limit=None)
+
+
+def parse_input(content: bytes, endpoint: str, max_tokens_limit: int | None) -> list[ParsedLine]:
+    """A whole file checked in one chunk, then every line read back as a running batch reads it."""
+    rules = LineRules(endpoint, max_n=16, max_tokens_limit=max_tokens_limit)
+    check = FileCheck(rules)
+    check.feed(content, 0)
+    index, _ = check.finish()
+    start, end = index.span(0, len(index))
+    parsed = lines_in(content[start:end], index.numbers(0, len(index)), rules)
+    assert all(isinstance(line, ParsedLine) for line in parsed)
+    return parsed  # type: ignore[return-value]
 
 
 def line(custom_id: str, **body: object) -> bytes:
@@ -68,7 +82,7 @@ def finished_events(text: str) -> list[object]:
 
 def test_finished_line_becomes_a_chat_completion_output_line() -> None:
     [parsed] = parse_input(line("a"), CHAT, None)
-    [job] = line_jobs(parsed, "rid", 1.0)
+    [job] = line_jobs(parsed, "rid", 1.0, RULES)
     assert job.request_id == "rid"
     output, failed = output_line(parsed, "batch_req_rid", "rid", 1.0, [finished_events("Hello")])  # type: ignore[list-item]
     assert not failed
@@ -95,7 +109,7 @@ def test_failed_line_carries_the_openai_error_body_and_status() -> None:
 
 def test_expired_line_has_no_response_and_a_batch_expired_error() -> None:
     [parsed] = parse_input(line("a"), CHAT, None)
-    expired = expired_line(parsed, "batch_req_x")
+    expired = expired_line(parsed.custom_id, "batch_req_x")
     assert expired.response is None and expired.error is not None and expired.error.code == "batch_expired"
 
 
