@@ -111,6 +111,12 @@ def add_worker_flags(parser: argparse.ArgumentParser) -> Flags:
         add("--max-batch-tokens", type=int, metavar="N", help="KV-cache budget in tokens (rows x longest)"),
         add("--max-prefill-tokens", type=int, metavar="N", help="prompt tokens prefilled per step"),
         add(
+            "--max-num-beams",
+            type=int,
+            metavar="N",
+            help="widest beam search a request may ask for (default 8)",
+        ),
+        add(
             "--prefix-cache-tokens",
             type=int,
             metavar="N",

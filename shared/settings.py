@@ -191,6 +191,9 @@ class WorkerSettings(_Settings):
         131_072, gt=0, description="KV-cache budget: rows x longest final length (prompt + max_tokens)."
     )
     max_prefill_tokens: int = Field(512, gt=0, description="Prompt tokens prefilled per step (chunked).")
+    max_num_beams: int = Field(
+        8, gt=0, description="Widest beam search a request may ask for (never above max_batch_size)."
+    )
     prefix_cache_tokens: int = Field(
         4096, ge=0, description="Prompt tokens whose KV is kept for reuse by later prompts (0: off)."
     )

@@ -1,8 +1,9 @@
-"""Engine builders for tests: a tiny random-weight Llama (no hub) and request factories."""
+"""Engine builders for tests: a tiny random-weight Llama (no hub), a faulty one, and request factories."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -14,9 +15,8 @@ from worker.engine.scheduler import BatchLimits
 VOCAB = 128
 
 
-def tiny_llama() -> LlamaForCausalLM:
-    torch.manual_seed(0)
-    config = LlamaConfig(
+def _tiny_config() -> LlamaConfig:
+    return LlamaConfig(
         vocab_size=VOCAB,
         hidden_size=32,
         intermediate_size=64,
@@ -25,7 +25,32 @@ def tiny_llama() -> LlamaForCausalLM:
         num_key_value_heads=2,
         max_position_embeddings=512,
     )
-    return LlamaForCausalLM(config).eval()
+
+
+def tiny_llama() -> LlamaForCausalLM:
+    torch.manual_seed(0)
+    return LlamaForCausalLM(_tiny_config()).eval()
+
+
+class PoisonedLlama(LlamaForCausalLM):
+    """The tiny Llama, except that a forward fed ``poison`` fails after its layers wrote the KV cache,
+    as a fault late in a forward pass (a kernel, the LM head) would."""
+
+    poison = -1
+
+    def forward(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        output = super().forward(input_ids=input_ids, **kwargs)
+        if input_ids is not None and bool((input_ids == self.poison).any()):
+            raise RuntimeError("a poisoned forward")
+        return output
+
+
+def poisoned_llama(poison: int) -> PoisonedLlama:
+    """``tiny_llama``'s weights (same seed, same config), failing on ``poison``."""
+    torch.manual_seed(0)
+    model = PoisonedLlama(_tiny_config()).eval()
+    model.poison = poison
+    return model
 
 
 def batched_engine(
@@ -52,10 +77,20 @@ def request(
 
 def run_to_end(engine: Engine, requests: Sequence[EngineRequest]) -> dict[str, list[int]]:
     """Add all requests, step until done; each request's generated tokens."""
+    return run_with_failures(engine, requests)[0]
+
+
+def run_with_failures(
+    engine: Engine, requests: Sequence[EngineRequest]
+) -> tuple[dict[str, list[int]], set[str]]:
+    """Add all requests, step until done; each request's generated tokens, and the ids that failed."""
     produced: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    failed: set[str] = set()
     for r in requests:
         engine.add(r)
     while engine.has_unfinished():
         for update in engine.step():
             produced[update.request_id] += update.new_token_ids
-    return produced
+            if update.failed:
+                failed.add(update.request_id)
+    return produced, failed

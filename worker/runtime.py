@@ -30,7 +30,8 @@ from worker.model.backend import Backend, load_backend
 from worker.queue.consumer import QueueWorker
 from worker.queue.presence import Presence
 from worker.queue.reaper import Reaper
-from worker.requests.params import DefaultLayers, ModelLimits, spec_from_generation_config
+from worker.requests.limits import ModelLimits
+from worker.requests.params import DefaultLayers, spec_from_generation_config
 from worker.requests.preparation import prepare
 from worker.requests.tokenize_replies import TokenizeService
 
@@ -160,7 +161,13 @@ def _preparer(settings: WorkerSettings, backend: Backend) -> Preparer:
     defaults = DefaultLayers(
         settings.server_sampling_defaults(), spec_from_generation_config(backend.generation_config)
     )
-    limits = ModelLimits(backend.max_model_len, backend.tokenizer.eos_token_ids, backend.vocab_size)
+    limits = ModelLimits(
+        backend.max_model_len,
+        backend.tokenizer.eos_token_ids,
+        backend.vocab_size,
+        # Beam search runs its beams as rows of one generate call: never more than a batch.
+        max_num_beams=min(settings.max_num_beams, settings.max_batch_size),
+    )
     return functools.partial(prepare, tokenizer=backend.tokenizer, defaults=defaults, limits=limits)
 
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 import pytest
 
 from shared.protocol import FinishReason
-from tests.engines import batched_engine, request, run_to_end, tiny_llama
+from tests.engines import batched_engine, request, run_to_end, run_with_failures, tiny_llama
 from worker.engine import Engine, EngineStats
 from worker.engine.fake import FakeEngine
 
@@ -73,3 +73,13 @@ def test_close_forgets_everything(make_engine: EngineFactory) -> None:
     engine.step()
     engine.close()
     assert not engine.has_unfinished()
+
+
+def test_a_sequence_the_model_cannot_run_fails_alone(make_engine: EngineFactory) -> None:
+    good = [request("a", [4, 5], max_new_tokens=6), request("b", [6, 7, 8], max_new_tokens=6)]
+    bad = request("bad", [4, 100_000, 5], max_new_tokens=6)  # no engine's vocabulary has that id
+    without = run_to_end(make_engine(), good)
+    produced, failed = run_with_failures(make_engine(), [good[0], bad, good[1]])
+    assert failed == {"bad"}
+    assert produced["bad"] == []
+    assert {rid: produced[rid] for rid in without} == without

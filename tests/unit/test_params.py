@@ -8,15 +8,15 @@ from shared.errors import ContextLengthExceeded, InvalidRequest
 from shared.protocol import SamplingSpec
 from shared.settings import WorkerSettings
 from worker.engine import EngineRequest
+from worker.requests.limits import ModelLimits
 from worker.requests.params import (
     DefaultLayers,
-    ModelLimits,
     build_engine_request,
     merge_specs,
     spec_from_generation_config,
 )
 
-LIMITS = ModelLimits(max_model_len=100, eos_token_ids=frozenset({2}), vocab_size=50)
+LIMITS = ModelLimits(max_model_len=100, eos_token_ids=frozenset({2}), vocab_size=50, max_num_beams=4)
 
 
 NOTHING = SamplingSpec()

@@ -13,6 +13,9 @@ back is ``worker/driver/lifecycle.py``'s; the driver publishes fenced by the job
 so a job taken over elsewhere is dropped here at its next step. Batch-lane jobs'
 events are held and published merged (``worker/driver/held_events.py``): nobody reads
 them token by token.
+
+A sequence the engine could not run (a ``failed`` update) fails its request alone,
+with a fixed message; only a step that raises fails every request (``_fail_all``).
 """
 
 from __future__ import annotations
@@ -34,12 +37,14 @@ from shared.protocol import Failed, GenerationJob, TokenEvent
 from worker.driver.held_events import HeldEvents
 from worker.driver.interactive_starts import InteractiveStarts
 from worker.driver.lifecycle import JobLifecycle
-from worker.engine import Engine, EngineRequest, SequenceUpdate
+from worker.engine import Engine, EngineRequest, SequenceUpdate, failed_update
 from worker.metrics import WorkerMetrics
 from worker.queue.backoff import outage_delay
 from worker.requests.choices import RequestChoices
 
 logger = logging.getLogger(__name__)
+
+MODEL_FAILED = "the model failed while generating this request"
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,7 +187,7 @@ class EngineDriver:
             await self._wake.wait()
             if self._starts.awaits_a_step() and not self._starts.any_decoding(self._interactive_ids()):
                 await self._starts.arrivals(self._tuning.arrival_wait_s)
-            self._apply_inbox()
+            await self._route_and_publish(self._apply_inbox())
             self.metrics.observe_engine(self._engine.stats())
             if not self._engine.has_unfinished():
                 self._wake.clear()
@@ -232,13 +237,20 @@ class EngineDriver:
             (batch if is_batch else interactive).append(update)
         return interactive, batch
 
-    def _apply_inbox(self) -> None:
+    def _apply_inbox(self) -> list[SequenceUpdate]:
+        """Apply the queued adds and aborts; a ``failed`` update for each request the engine refused."""
         inbox, self._inbox = self._inbox, []
+        refused: list[SequenceUpdate] = []
         for item in inbox:
             if isinstance(item, str):
                 self._engine.abort(item)
-            else:
+                continue
+            try:
                 self._engine.add(item)
+            except Exception:
+                logger.exception("the engine refused sequence %s; failing its request alone", item.request_id)
+                refused.append(failed_update(item.request_id))
+        return refused
 
     def _route(self, updates: list[SequenceUpdate]) -> tuple[list[str], list[tuple[str, TokenEvent]]]:
         finished: list[str] = []
@@ -248,6 +260,10 @@ class EngineDriver:
             active = self._active.get(request_id)
             if active is None:
                 continue  # aborted while the step ran
+            if update.failed:
+                events.append((request_id, self._failure(request_id, active)))
+                finished.append(request_id)
+                continue
             with request_context(request_id):
                 produced = active.choices.consume(index, update)
             if produced:
@@ -264,6 +280,15 @@ class EngineDriver:
                 finished.append(request_id)
         events.extend(self._held.due())
         return finished, events
+
+    def _failure(self, request_id: str, active: _Active) -> Failed:
+        """End a request one of whose sequences failed: its other choices leave the engine."""
+        logger.warning("request %s failed in the engine; the other requests go on", request_id)
+        self._held.drop(request_id)
+        for engine_id in active.engine_ids:
+            if self._choice_of.pop(engine_id, None) is not None:
+                self._post(engine_id)
+        return Failed(error=WorkerFailed(MODEL_FAILED).to_info())
 
     async def _publish(self, events: list[tuple[str, TokenEvent]]) -> None:
         """Publish one step's events, retrying through short Redis outages so nothing is lost."""
@@ -296,7 +321,7 @@ class EngineDriver:
             active.done.set_result(None)
 
     async def _fail_all(self) -> None:
-        failure = Failed(error=WorkerFailed("the model failed while generating this request").to_info())
+        failure = Failed(error=WorkerFailed(MODEL_FAILED).to_info())
         request_ids = list(self._active)
         for request_id in request_ids:
             self._held.drop(request_id)

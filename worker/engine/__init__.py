@@ -5,6 +5,13 @@ An engine is synchronous and step-driven (vLLM V1's schedule/execute/update, TGI
 returns what each sequence produced. Compute stays free of asyncio; the async
 ``EngineDriver`` owns all I/O and is the only caller, from a single thread.
 Engines know token ids only: text, stop sequences and events live in the driver.
+
+One sequence's failure never fails the batch: a step that cannot run a sequence
+(its prompt breaks the forward pass, its sampling raises) reports it with a
+``failed`` update and goes on with the others, whose output stays what it would
+have been without it. ``step`` raises only for a failure it cannot pin on any
+sequence (the whole batch's forward fails, whatever it holds); the driver then
+fails every request in the engine.
 """
 
 from __future__ import annotations
@@ -80,6 +87,8 @@ class SequenceUpdate:
     request_id: str
     new_token_ids: tuple[int, ...]
     finish_reason: FinishReason | None = None
+    # The engine could not run this sequence and dropped it (no token, no finish reason).
+    failed: bool = False
     # One score per new token, when the request asked for logprobs.
     logprobs: tuple[TokenScore, ...] | None = None
     # On the sequence's first update, when asked: one per prompt token, None for the first.
@@ -87,7 +96,13 @@ class SequenceUpdate:
 
     @property
     def is_finished(self) -> bool:
-        return self.finish_reason is not None
+        """Whether the sequence has left the engine: it finished, or it failed."""
+        return self.finish_reason is not None or self.failed
+
+
+def failed_update(request_id: str) -> SequenceUpdate:
+    """The update of a sequence the engine could not run; it is no longer in the engine."""
+    return SequenceUpdate(request_id, (), failed=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +124,10 @@ class Engine(Protocol):
         """Drop a request (unknown ids are ignored); no update is produced for it afterwards."""
 
     def step(self) -> list[SequenceUpdate]:
-        """Run one scheduling iteration (one forward pass) and report each sequence's progress."""
+        """Run one scheduling iteration (one forward pass) and report each sequence's progress.
+
+        A sequence the step cannot run comes back as a ``failed`` update, alone; raises only
+        when the failure cannot be pinned on a sequence."""
 
     def has_unfinished(self) -> bool:
         """Whether any added request is still waiting or running."""

@@ -21,6 +21,10 @@ otherwise reaching ``max_new_tokens`` finishes it with "length". One token per
 running sequence per step; at most ``max_batch_size`` run, the rest wait in FIFO
 order and join as slots free up. Like every engine it is driven from one thread.
 
+Like a model, it cannot run a prompt holding an id outside its vocabulary (the
+bytes and EOS, ``FAKE_VOCAB_SIZE``): that sequence fails alone at its first step
+(a ``failed`` update) and the others go on, as the transformers engines' do.
+
 Logprobs are made up but deterministic and shaped like a model's: the chosen token
 is always the most likely one (``fake_score``), alternatives follow it one nat apart.
 """
@@ -33,10 +37,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from shared.protocol import ChatMessage, FinishReason
-from worker.engine import EngineRequest, EngineStats, SequenceUpdate, TokenScore, output_start
+from worker.engine import EngineRequest, EngineStats, SequenceUpdate, TokenScore, failed_update, output_start
 
 BYTE_VOCAB_SIZE = 256
 EOS_TOKEN_ID = 256
+FAKE_VOCAB_SIZE = EOS_TOKEN_ID + 1  # every id the fake "model" knows: the bytes, then EOS
 
 
 class ByteTokenizer:
@@ -63,6 +68,7 @@ class _Sequence:
     request: EngineRequest
     offset: int  # where in the script this sequence started
     generated: int = 0  # tokens emitted so far, EOS included
+    in_vocabulary: bool = True  # whether every prompt id is one the fake knows
 
 
 class FakeEngine:
@@ -85,8 +91,9 @@ class FakeEngine:
             raise ValueError(f"request {request.request_id!r} is already in the engine")
         if request.max_new_tokens < 1:
             raise ValueError("max_new_tokens must be at least 1")
+        in_vocabulary = all(0 <= token_id < FAKE_VOCAB_SIZE for token_id in request.prompt_token_ids)
         self._waiting[request.request_id] = _Sequence(
-            request, self._start_offset(request), generated=request.resumed_tokens
+            request, self._start_offset(request), request.resumed_tokens, in_vocabulary
         )
 
     def abort(self, request_id: str) -> None:
@@ -132,6 +139,8 @@ class FakeEngine:
 
     def _advance(self, sequence: _Sequence) -> SequenceUpdate:
         request = sequence.request
+        if not sequence.in_vocabulary:
+            return failed_update(request.request_id)  # a model's embedding lookup would raise here
         token_id = self._next_token(sequence)
         is_first = sequence.generated == 0
         sequence.generated += 1

@@ -18,7 +18,8 @@ Logprobs are scored from the same logits the step samples from
 (``sampling.score_tokens``); a prompt whose logprobs were asked keeps its
 prefill's logits at every position instead of the last one only.
 Requests the batch cannot honour (beam search) run alone through
-``model.generate`` (``sequential.run_beam_search``).
+``model.generate`` (``sequential.run_beam_search``). A sequence that breaks a
+step fails alone; the others go on unchanged (``isolation.py``).
 
 Prefix caching (``prefix_cache.py``; off unless ``prefix_cache_tokens`` > 0): chat
 prompts share their template's system prompt, so, as vLLM and SGLang do, every
@@ -42,15 +43,17 @@ can differ in the last bits from recomputing it. Intentional divergences:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
+from functools import partial
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from worker.engine import EngineRequest, EngineStats, SequenceUpdate, TokenScore, output_start
+from worker.engine import EngineRequest, EngineStats, SequenceUpdate, failed_update
+from worker.engine.isolation import accept_rows, bisect, failing_alone, guarded, sample_rows
 from worker.engine.kv_cache import PaddedKVCache, prefill_layout, single_row_cache, stack_left_padded
 from worker.engine.prefix_cache import PrefixCache, shared_prefixes
-from worker.engine.sampling import build_processors, choose_token, make_generator, score_tokens, trim_score
 from worker.engine.scheduler import (
     BatchLimits,
     PrefillChunk,
@@ -61,6 +64,8 @@ from worker.engine.scheduler import (
 )
 from worker.engine.sequence import Sequence
 from worker.engine.sequential import run_beam_search
+
+logger = logging.getLogger(__name__)
 
 
 class TransformersEngine:
@@ -133,31 +138,45 @@ class TransformersEngine:
         updates: list[SequenceUpdate] = []
         for request in self._scheduler.admit(lengths):
             if request.sampling.num_beams > 1:
-                updates.append(run_beam_search(self._model, request))
+                updates.append(guarded(request.request_id, partial(run_beam_search, self._model, request)))
                 continue
-            self._prefilling[request.request_id] = Sequence(
-                request=request,
-                processors=build_processors(request.sampling, output_start(request), request.eos_token_ids),
-                generator=make_generator(request.sampling, self._device),
-                token_ids=list(request.prompt_token_ids),
-                generated=request.resumed_tokens,
-            )
+            try:
+                self._prefilling[request.request_id] = Sequence.start(request, self._device)
+            except Exception:
+                logger.exception("sequence %s could not start; failing it alone", request.request_id)
+                updates.append(failed_update(request.request_id))
         return updates
 
     def _decode(self) -> list[SequenceUpdate]:
+        """One forward for every row; when it fails, the rows that fail alone leave and the rest go again."""
         if self._kv is None or not self._rows:
             return []
+        checkpoint = self._kv.checkpoint()
+        try:
+            logits = self._decode_forward(self._kv)
+        except Exception:
+            self._kv.restore(checkpoint)  # the failed forward's half-written column goes
+            culprits = failing_alone(self._model, self._kv, self._rows)
+            if not culprits:
+                raise  # the whole batch fails, whatever it holds
+            logger.warning("a decode forward failed; %d rows fail alone, the rest go again", len(culprits))
+            self._drop_rows(culprits)
+            return [failed_update(request_id) for request_id in culprits] + self._decode()
+        return accept_rows(self._rows, sample_rows(self._rows, logits))
+
+    def _decode_forward(self, kv: PaddedKVCache) -> torch.Tensor:
+        """The last position's logits ([rows, vocab]) of one more token for every row."""
         input_ids = torch.tensor([[row.token_ids[-1]] for row in self._rows], device=self._device)
-        positions = self._kv.next_positions()
+        positions = kv.next_positions()
         output = self._model(
             input_ids=input_ids,
-            attention_mask=self._kv.grow_mask(),
+            attention_mask=kv.grow_mask(),
             position_ids=positions,
-            past_key_values=self._kv.cache,
+            past_key_values=kv.cache,
             use_cache=True,
             logits_to_keep=1,  # only the last position is sampled; skip the rest of the LM head
         )
-        return self._sample_rows(self._rows, output.logits[:, -1, :])
+        return output.logits[:, -1, :]  # type: ignore[no-any-return]
 
     def _prefill(self, candidates: Iterable[Sequence]) -> list[SequenceUpdate]:
         # Interactive prompts are prefilled before batch ones (sorted() is stable: FIFO within a priority).
@@ -167,16 +186,13 @@ class TransformersEngine:
             self._reuse_prefixes(prefilling)
         progress = [(s.request_id, s.prefilled, len(s.request.prompt_token_ids)) for s in prefilling]
         chunks = self._scheduler.plan_prefill(progress)
-        for chunk in chunks:
-            if not chunk.is_last:
-                self._prefill_chunk(self._prefilling[chunk.request_id], chunk)
+        updates = [self._prefill_chunk(chunk) for chunk in chunks if not chunk.is_last]
         # Prompts whose last chunk runs now share padded forwards, grouped to bound the padding.
         last = [self._prefilling.pop(c.request_id) for c in chunks if c.is_last]
         rests = [len(s.request.prompt_token_ids) - s.prefilled for s in last]
-        updates: list[SequenceUpdate] = []
         for group in group_by_length(rests):
-            updates += self._prefill_together([last[index] for index in group])
-        return updates
+            updates += bisect(self._prefill_together, [last[index] for index in group])
+        return [update for update in updates if update is not None]
 
     def _reuse_prefixes(self, sequences: list[Sequence]) -> None:
         """Seed the prompts not started yet with the longest cached prefix of theirs, if any."""
@@ -195,6 +211,14 @@ class TransformersEngine:
             return False
         longest = self._scheduler.limits.max_prefill_tokens  # a longer one would stall decoding: leave it
         prefixes = shared_prefixes(fresh, self._prefix_cache.min_match, longest)
+        try:
+            self._store_prefixes(prefixes)
+        except Exception:
+            # A prompt that breaks the forward fails later, alone, in its own prefill.
+            logger.exception("computing shared prefixes failed; each prompt prefills its own")
+        return bool(prefixes)
+
+    def _store_prefixes(self, prefixes: list[tuple[int, ...]]) -> None:
         for prefix in prefixes:
             cache = DynamicCache(config=self._model.config)
             self._model(
@@ -205,10 +229,13 @@ class TransformersEngine:
             )
             mask = torch.ones((1, len(prefix)), dtype=torch.long, device=self._device)
             self._prefix_cache.store(prefix, PaddedKVCache(cache, mask).row_kv(0))
-        return bool(prefixes)
 
     def _prefill_together(self, sequences: list[Sequence]) -> list[SequenceUpdate]:
-        """One padded forward over the rest of each prompt (``prefill_layout``); then they join the batch."""
+        """One padded forward over the rest of each prompt (``prefill_layout``); then they join the batch.
+
+        Nothing changes before the forward, the prompt scores and sampling have succeeded: ``bisect``
+        may run it again.
+        """
         rests = [s.request.prompt_token_ids[s.prefilled :] for s in sequences]
         past, width = max(s.prefilled for s in sequences), max(len(rest) for rest in rests)
         ids, mask_rows = prefill_layout([s.prefilled for s in sequences], rests)
@@ -224,17 +251,31 @@ class TransformersEngine:
             # Only the last position is sampled: skip the rest of the LM head unless prompt logprobs need it.
             logits_to_keep=0 if keep_all else 1,
         )
-        for row, (sequence, rest) in enumerate(zip(sequences, rests, strict=True)):
-            if sequence.wants_prompt_scores:
-                sequence.score_prompt(output.logits[row, width - len(rest) :], sequence.prefilled)
+        prompt_scores = [
+            s.score_prompt(output.logits[row, width - len(r) :], s.prefilled) if s.wants_prompt_scores else []
+            for row, (s, r) in enumerate(zip(sequences, rests, strict=True))
+        ]
+        choices = sample_rows(sequences, output.logits[:, -1, :])
+        for sequence, scores in zip(sequences, prompt_scores, strict=True):
+            sequence.prompt_scores += scores
             sequence.prefilled, sequence.prefill_cache = len(sequence.request.prompt_token_ids), None
         batch = PaddedKVCache(cache, mask)
         self._store_prompts(sequences, batch)
         self._join_batch(sequences, batch)
-        return self._sample_rows(sequences, output.logits[:, -1, :])
+        return accept_rows(sequences, choices)
 
-    def _prefill_chunk(self, sequence: Sequence, chunk: PrefillChunk) -> None:
-        """Prefill a part of a long prompt (not its last) into the prompt's own cache."""
+    def _prefill_chunk(self, chunk: PrefillChunk) -> SequenceUpdate | None:
+        """Prefill a part of a long prompt (not its last) into its own cache; a failure fails it alone."""
+        sequence = self._prefilling[chunk.request_id]
+        try:
+            self._prefill_into_own_cache(sequence, chunk)
+        except Exception:
+            logger.exception("sequence %s failed in prefill; failing it alone", chunk.request_id)
+            del self._prefilling[chunk.request_id]
+            return failed_update(chunk.request_id)
+        return None
+
+    def _prefill_into_own_cache(self, sequence: Sequence, chunk: PrefillChunk) -> None:
         if sequence.prefill_cache is None:
             sequence.prefill_cache = DynamicCache(config=self._model.config)
         tokens = sequence.request.prompt_token_ids[chunk.start : chunk.stop]
@@ -248,7 +289,7 @@ class TransformersEngine:
         )
         sequence.prefilled = chunk.stop
         if sequence.wants_prompt_scores:
-            sequence.score_prompt(output.logits[0], chunk.start)
+            sequence.prompt_scores += sequence.score_prompt(output.logits[0], chunk.start)
 
     def _store_prompts(self, sequences: list[Sequence], batch: PaddedKVCache) -> None:
         """Keep each freshly prefilled prompt's KV (its row's real columns) for later prompts."""
@@ -265,21 +306,6 @@ class TransformersEngine:
             self._kv.append(cache)
         self._rows.extend(sequences)
 
-    def _sample_rows(self, rows: list[Sequence], logits: torch.Tensor) -> list[SequenceUpdate]:
-        greedy = logits.argmax(dim=-1).tolist()
-        tokens = []
-        for index, row in enumerate(rows):
-            if row.generator is None and not row.needs_context:
-                tokens.append(int(greedy[index]))
-            else:
-                history = torch.tensor([row.token_ids], device=self._device)
-                tokens.append(choose_token(logits[index : index + 1], history, row.processors, row.generator))  # type: ignore[arg-type]
-        scores = _score_rows(rows, logits, tokens)
-        return [
-            row.accept(token, scores.get(index))
-            for index, (row, token) in enumerate(zip(rows, tokens, strict=True))
-        ]
-
     def _drop_rows(self, request_ids: set[str]) -> None:
         keep = [index for index, row in enumerate(self._rows) if row.request_id not in request_ids]
         if len(keep) == len(self._rows):
@@ -289,16 +315,3 @@ class TransformersEngine:
             self._kv = None
         elif self._kv is not None:
             self._kv.keep(keep)
-
-
-def _score_rows(rows: list[Sequence], logits: torch.Tensor, tokens: list[int]) -> dict[int, TokenScore]:
-    """Scores of the sampled tokens of the rows that asked for logprobs, by row index."""
-    wanted = [index for index, row in enumerate(rows) if row.request.logprobs is not None]
-    if not wanted:
-        return {}
-    top = max(rows[index].request.logprobs or 0 for index in wanted)
-    scores = score_tokens(logits[wanted], [tokens[index] for index in wanted], top)
-    return {
-        index: trim_score(score, rows[index].request.logprobs or 0)
-        for index, score in zip(wanted, scores, strict=True)
-    }

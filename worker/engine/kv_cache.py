@@ -18,6 +18,12 @@ of a reused prefix (``prefix_cache.py``) sits as [padding, prefix, padding,
 rest] in the group it is prefilled with (``stack_left_padded``); the mask covers
 it, and ``keep`` trims only columns that are padding for every row.
 
+A forward pass that fails leaves the cache half-written: the layers before the
+failure have appended a column, the mask may have grown. ``checkpoint`` and
+``restore`` undo that exactly and for free: every operation here and the layers'
+own ``update`` replace tensors rather than writing into them, so keeping the
+references taken before the forward is keeping the cache as it was.
+
 Intentional divergence: transformers' cache layers are rewritten in place
 (``layer.keys``/``layer.values``). That is version-specific, so it lives here
 alone; ``DynamicCache`` keeps its public role for the model's forward pass.
@@ -25,9 +31,19 @@ alone; ``DynamicCache`` keeps its public role for the model's forward pass.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from transformers import DynamicCache, PreTrainedConfig
 from transformers.cache_utils import DynamicLayer
+
+
+@dataclass(frozen=True, slots=True)
+class CacheCheckpoint:
+    """The tensors a ``PaddedKVCache`` held at one moment (references, not copies)."""
+
+    attention_mask: torch.Tensor
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class PaddedKVCache:
@@ -90,6 +106,16 @@ class PaddedKVCache:
             layer.keys = keys.index_select(0, index)[:, :, start:, :]
             layer.values = values.index_select(0, index)[:, :, start:, :]
         self.attention_mask = self.attention_mask[:, start:]
+
+    def checkpoint(self) -> CacheCheckpoint:
+        """What ``restore`` brings back: the cache as it is now."""
+        return CacheCheckpoint(self.attention_mask, [_tensors(layer) for layer in self._layers()])
+
+    def restore(self, checkpoint: CacheCheckpoint) -> None:
+        """Undo whatever happened since ``checkpoint`` (a failed forward's half-written columns)."""
+        self.attention_mask = checkpoint.attention_mask
+        for layer, (keys, values) in zip(self._layers(), checkpoint.layers, strict=True):
+            layer.keys, layer.values = keys, values
 
     def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Row ``row``'s KV at its real (mask 1) columns, in order; per layer ``[heads, tokens, dim]``."""

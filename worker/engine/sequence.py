@@ -8,8 +8,8 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList
 
 from shared.protocol import FinishReason
-from worker.engine import EngineRequest, SequenceUpdate, TokenScore
-from worker.engine.sampling import score_tokens
+from worker.engine import EngineRequest, SequenceUpdate, TokenScore, output_start
+from worker.engine.sampling import build_processors, make_generator, score_tokens
 
 
 @dataclass
@@ -22,6 +22,17 @@ class Sequence:
     prefilled: int = 0
     prefill_cache: DynamicCache | None = field(default=None, repr=False)
     prompt_scores: list[TokenScore] = field(default_factory=list, repr=False)
+
+    @classmethod
+    def start(cls, request: EngineRequest, device: torch.device) -> Sequence:
+        """A sequence about to be prefilled, with its own processors and generator."""
+        return cls(
+            request=request,
+            processors=build_processors(request.sampling, output_start(request), request.eos_token_ids),
+            generator=make_generator(request.sampling, device),
+            token_ids=list(request.prompt_token_ids),
+            generated=request.resumed_tokens,
+        )
 
     @property
     def request_id(self) -> str:
@@ -54,8 +65,8 @@ class Sequence:
             prompt_logprobs=prompt_logprobs,
         )
 
-    def score_prompt(self, logits: torch.Tensor, start: int) -> None:
-        """Score the prompt tokens that ``logits`` (positions ``start``..) predict."""
+    def score_prompt(self, logits: torch.Tensor, start: int) -> list[TokenScore]:
+        """Scores of the prompt tokens ``logits`` (positions ``start``..) predict; the caller keeps them."""
         prompt = self.request.prompt_token_ids
         targets = prompt[start + 1 : start + 1 + logits.shape[0]]
-        self.prompt_scores += score_tokens(logits[: len(targets)], targets, self.request.prompt_logprobs or 0)
+        return score_tokens(logits[: len(targets)], targets, self.request.prompt_logprobs or 0)

@@ -10,6 +10,9 @@ one serves the cache options the padded batch cannot honour.
 Beam search (``num_beams > 1``) runs on a single-request path through
 ``model.generate`` and reports all of its tokens in one update; it reports no
 logprobs (preparation refuses logprobs with beam search).
+
+A sequence that fails (its start, its forward, its sampling) fails alone: it has a
+cache of its own, so the others never see its failure.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import torch
@@ -24,7 +28,8 @@ from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, Sta
 from transformers.cache_utils import Cache
 
 from shared.protocol import FinishReason
-from worker.engine import EngineRequest, EngineStats, SequenceUpdate, TokenScore, output_start
+from worker.engine import EngineRequest, EngineStats, SequenceUpdate, TokenScore, failed_update, output_start
+from worker.engine.isolation import guarded
 from worker.engine.sampling import build_processors, choose_token, make_generator, score_tokens
 from worker.engine.scheduler import final_length, queue_by_priority
 
@@ -90,24 +95,27 @@ class SequentialEngine:
 
     @torch.inference_mode()
     def step(self) -> list[SequenceUpdate]:
-        self._admit()
-        updates = [self._advance(sequence) for sequence in list(self._running.values())]
+        updates = self._admit()
+        updates += [
+            guarded(sequence.request_id, partial(self._advance, sequence))
+            for sequence in list(self._running.values())
+        ]
         for update in updates:
             if update.is_finished:
                 self._running.pop(update.request_id, None)
         return updates
 
-    def _admit(self) -> None:
+    def _admit(self) -> list[SequenceUpdate]:
+        """Start the waiting requests that fit; those that cannot start fail alone."""
+        failed: list[SequenceUpdate] = []
         while self._waiting and len(self._running) < self._max_batch_size:
             request = self._waiting.popleft()
-            self._running[request.request_id] = _Sequence(
-                request=request,
-                token_ids=list(request.prompt_token_ids),
-                processors=build_processors(request.sampling, output_start(request), request.eos_token_ids),
-                generated=request.resumed_tokens,
-                generator=make_generator(request.sampling, self._device),
-                pending=list(request.prompt_token_ids),
-            )
+            try:
+                self._running[request.request_id] = _start(request, self._device)
+            except Exception:
+                logger.exception("sequence %s could not start; failing it alone", request.request_id)
+                failed.append(failed_update(request.request_id))
+        return failed
 
     def _advance(self, sequence: _Sequence) -> SequenceUpdate:
         if sequence.request.sampling.num_beams > 1:
@@ -156,6 +164,17 @@ class SequentialEngine:
 
     def _beam_search(self, sequence: _Sequence) -> SequenceUpdate:
         return run_beam_search(self._model, sequence.request)
+
+
+def _start(request: EngineRequest, device: torch.device) -> _Sequence:
+    return _Sequence(
+        request=request,
+        token_ids=list(request.prompt_token_ids),
+        processors=build_processors(request.sampling, output_start(request), request.eos_token_ids),
+        generated=request.resumed_tokens,
+        generator=make_generator(request.sampling, device),
+        pending=list(request.prompt_token_ids),
+    )
 
 
 def run_beam_search(model: PreTrainedModel, request: EngineRequest) -> SequenceUpdate:

@@ -29,14 +29,16 @@ class Backend:
 def load_backend(settings: WorkerSettings) -> Backend:
     """Build the engine and tokenizer named by the settings (blocking: call off the loop)."""
     if settings.engine == "fake":
-        from worker.engine.fake import ByteTokenizer, FakeEngine
+        from worker.engine.fake import FAKE_VOCAB_SIZE, ByteTokenizer, FakeEngine
 
         engine = FakeEngine(
             settings.fake_script,
             step_delay_s=settings.fake_step_delay_s,
             max_batch_size=settings.max_batch_size,
         )
-        return Backend(engine, ByteTokenizer(), {}, settings.max_model_len or 4096, vocab_size=257)
+        return Backend(
+            engine, ByteTokenizer(), {}, settings.max_model_len or 4096, vocab_size=FAKE_VOCAB_SIZE
+        )
     return _load_transformers_backend(settings)
 
 

@@ -3,6 +3,7 @@
 Precedence (see ``shared/settings.py``): request > server settings > the model's
 ``generation_config.json`` > library defaults. Each layer is a ``SamplingSpec``
 whose ``None`` fields mean "not set here", so merging is first-non-None per field.
+The resolved parameters are checked against the model in ``limits.py``.
 """
 
 from __future__ import annotations
@@ -11,18 +12,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from shared.errors import ContextLengthExceeded, InvalidRequest
+from shared.errors import ContextLengthExceeded
 from shared.protocol import SamplingSpec
 from worker.engine import EngineRequest, SamplingParams
+from worker.requests.limits import ModelLimits, check_max_tokens, check_params
 
 _T = TypeVar("_T")
 
-
-@dataclass(frozen=True, slots=True)
-class ModelLimits:
-    max_model_len: int
-    eos_token_ids: frozenset[int]
-    vocab_size: int
+# vLLM's floor: below it, logits divided by the temperature overflow into inf and NaN.
+MIN_TEMPERATURE = 0.01
 
 
 def merge_specs(*layers: SamplingSpec) -> SamplingSpec:
@@ -62,8 +60,9 @@ def spec_from_generation_config(config: dict[str, Any]) -> SamplingSpec:
 def to_sampling_params(spec: SamplingSpec) -> SamplingParams:
     """Concrete engine parameters; library defaults fill what no layer set."""
     top_k = spec.top_k or 0
+    temperature = _or(spec.temperature, 0.0)
     return SamplingParams(
-        temperature=_or(spec.temperature, 0.0),
+        temperature=MIN_TEMPERATURE if 0 < temperature < MIN_TEMPERATURE else temperature,
         top_p=_or(spec.top_p, 1.0),
         top_k=max(top_k, 0),  # -1 and 0 both disable, as in vLLM
         typical_p=_or(spec.typical_p, 1.0),
@@ -119,34 +118,19 @@ def build_engine_request(
     """Resolve the request's parameters over the defaults and check them against the model."""
     spec = defaults.under(request)
     params = to_sampling_params(spec)
-    _check_params(params, limits)
+    check_params(params, limits)
     fallback_max_tokens = merge_specs(defaults.server, defaults.model).max_tokens
+    max_new_tokens = resolve_max_tokens(
+        request.max_tokens, fallback_max_tokens, len(prompt_token_ids), limits
+    )
+    check_max_tokens(max_new_tokens, request.min_tokens)
     return EngineRequest(
         request_id=request_id,
         prompt_token_ids=tuple(prompt_token_ids),
         sampling=params,
-        max_new_tokens=resolve_max_tokens(
-            request.max_tokens, fallback_max_tokens, len(prompt_token_ids), limits
-        ),
+        max_new_tokens=max_new_tokens,
         eos_token_ids=frozenset() if spec.ignore_eos else limits.eos_token_ids,
     )
-
-
-def _check_params(params: SamplingParams, limits: ModelLimits) -> None:
-    if any(not 0 <= token < limits.vocab_size for token, _ in params.logit_bias):
-        raise InvalidRequest(
-            f"logit_bias token ids must be below the vocabulary size {limits.vocab_size}", param="logit_bias"
-        )
-    if params.temperature < 0:
-        raise InvalidRequest("temperature must be at least 0", param="temperature")
-    if not 0 < params.top_p <= 1:
-        raise InvalidRequest("top_p must be in (0, 1]", param="top_p")
-    if not 0 < params.typical_p <= 1:
-        raise InvalidRequest("typical_p must be in (0, 1]", param="typical_p")
-    if params.repetition_penalty <= 0:
-        raise InvalidRequest("repetition_penalty must be greater than 0", param="repetition_penalty")
-    if params.num_beams < 1:
-        raise InvalidRequest("num_beams must be at least 1", param="num_beams")
 
 
 def _or(value: _T | None, default: _T) -> _T:

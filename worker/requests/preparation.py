@@ -1,7 +1,8 @@
 """Owns preparing a job: rendering and tokenizing its prompt and resolving it into an ``EngineRequest``.
 
-Only the worker knows the tokenizer, the chat template and the context window, so
-the errors found here (prompt too long, bad template input) travel back as the
+Only the worker knows the tokenizer, the chat template, the vocabulary and the context
+window, so the errors found here (prompt too long, an id outside the vocabulary, bad
+template input, a parameter the engine cannot take: ``limits.py``) travel back as the
 request's first event and the gateway answers them before any SSE byte.
 """
 
@@ -15,7 +16,8 @@ from shared.errors import InvalidRequest
 from shared.protocol import ChatPrompt, GenerationJob, TextPrompt, TokenPrompt
 from worker.engine import EngineRequest
 from worker.requests.choices import choice_requests
-from worker.requests.params import DefaultLayers, ModelLimits, build_engine_request
+from worker.requests.limits import ModelLimits, check_alternatives, check_prompt_ids
+from worker.requests.params import DefaultLayers, build_engine_request
 from worker.requests.tokenization import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -46,6 +48,10 @@ def prepare(
     if not prompt_ids:
         # Nothing to condition on: the model would be run on an empty batch row (vLLM's 400 too).
         raise InvalidRequest("The prompt is empty: it must have at least one token.", param="prompt")
+    # Text prompts too: a tokenizer may know ids (added tokens) that the model's embedding lacks.
+    check_prompt_ids(prompt_ids, limits, "messages" if isinstance(job.prompt, ChatPrompt) else "prompt")
+    check_alternatives(job.logprobs, limits, "logprobs")
+    check_alternatives(job.prompt_logprobs, limits, "logprobs")
     engine_request = build_engine_request(job.request_id, prompt_ids, job.sampling, defaults, limits)
     _check_choices(job, engine_request)
     engine_request = dataclasses.replace(

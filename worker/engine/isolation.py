@@ -1,0 +1,137 @@
+"""Owns keeping one sequence's failure from failing the batch: sampling rows one by one, bisecting forwards.
+
+A request the worker's preparation let through can still break a step: its prompt
+can make the forward pass raise (an id the embedding does not have, on a model
+whose tokenizer knows more ids than its weights), its sampling can raise (a
+processor on values nobody foresaw). Failing the whole step would fail every
+request in the batch, other tenants' included. Instead:
+
+* each row samples its token alone (``sample_rows``): a row whose sampling raises
+  gets a ``failed`` update, the others their tokens;
+* a forward over several new prompts that raises runs again in halves
+  (``bisect``), down to the prompt that fails alone; the others run as if it had
+  never been there, since a prefill forward writes only into a fresh cache;
+* a decode forward that raises is undone (``PaddedKVCache.restore``), each row is
+  tried alone on a copy of its cache (``decodes_alone``), the rows that fail alone
+  leave and the rest decode again (``worker/engine/hf.py``).
+
+Every failure is logged here with its traceback; clients only ever see
+``worker_failed`` with a fixed message (the driver's).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+import torch
+from transformers import PreTrainedModel
+
+from worker.engine import SequenceUpdate, TokenScore, failed_update
+from worker.engine.kv_cache import PaddedKVCache, single_row_cache
+from worker.engine.sampling import choose_token, score_tokens, trim_score
+from worker.engine.sequence import Sequence
+
+logger = logging.getLogger(__name__)
+
+
+def guarded(request_id: str, work: Callable[[], SequenceUpdate]) -> SequenceUpdate:
+    """``work()``'s update, or a ``failed`` update for ``request_id`` when it raises."""
+    try:
+        return work()
+    except Exception:
+        logger.exception("sequence %s failed; failing it alone", request_id)
+        return failed_update(request_id)
+
+
+def bisect(
+    run: Callable[[list[Sequence]], list[SequenceUpdate]], sequences: list[Sequence]
+) -> list[SequenceUpdate]:
+    """``run(sequences)``; when it raises, each half again, down to the sequences that fail alone.
+
+    ``run`` must change nothing before it can no longer raise, so a retry starts clean.
+    """
+    try:
+        return run(sequences)
+    except Exception:
+        if len(sequences) == 1:
+            logger.exception("sequence %s failed; failing it alone", sequences[0].request_id)
+            return [failed_update(sequences[0].request_id)]
+        logger.warning("a forward of %d sequences failed; retrying them in halves", len(sequences))
+    middle = len(sequences) // 2
+    return bisect(run, sequences[:middle]) + bisect(run, sequences[middle:])
+
+
+def failing_alone(model: PreTrainedModel, kv: PaddedKVCache, rows: list[Sequence]) -> set[str]:
+    """The rows of ``kv`` (``rows[i]`` is row i) whose next decode fails in a forward of their own."""
+    return {
+        row.request_id
+        for index, row in enumerate(rows)
+        if not _decodes_alone(model, kv, index, row.token_ids[-1])
+    }
+
+
+def _decodes_alone(model: PreTrainedModel, kv: PaddedKVCache, row: int, token: int) -> bool:
+    """Whether row ``row`` of ``kv`` decodes ``token`` in a forward of its own, on a copy of its cache."""
+    layers = kv.row_kv(row)
+    length = int(layers[0][0].shape[1])
+    device = kv.attention_mask.device
+    try:
+        model(
+            input_ids=torch.tensor([[token]], device=device),
+            attention_mask=torch.ones((1, length + 1), dtype=torch.long, device=device),
+            position_ids=torch.tensor([[length]], device=device),
+            past_key_values=single_row_cache(layers, model.config),
+            use_cache=True,
+            logits_to_keep=1,
+        )
+    except Exception:
+        logger.exception("a decode forward failed for row %d alone", row)
+        return False
+    return True
+
+
+# A row's sampled token and its score (when it asked for logprobs); None when its sampling raised.
+Choice = tuple[int, TokenScore | None] | None
+
+
+def sample_rows(rows: list[Sequence], logits: torch.Tensor) -> list[Choice]:
+    """Each row's next token from its row of ``logits`` ([rows, vocab]); ``accept_rows`` applies them."""
+    greedy = logits.argmax(dim=-1).tolist()
+    tokens = [_choose(row, logits[index : index + 1], int(greedy[index])) for index, row in enumerate(rows)]
+    scores = _score_rows(rows, logits, tokens)
+    return [None if token is None else (token, scores.get(index)) for index, token in enumerate(tokens)]
+
+
+def accept_rows(rows: list[Sequence], choices: list[Choice]) -> list[SequenceUpdate]:
+    """Each row takes its token; a row whose sampling raised fails."""
+    return [
+        failed_update(row.request_id) if choice is None else row.accept(*choice)
+        for row, choice in zip(rows, choices, strict=True)
+    ]
+
+
+def _choose(row: Sequence, logits: torch.Tensor, greedy: int) -> int | None:
+    if row.generator is None and not row.needs_context:
+        return greedy
+    try:
+        history = torch.tensor([row.token_ids], device=logits.device)
+        return choose_token(logits, history, row.processors, row.generator)  # type: ignore[arg-type]
+    except Exception:
+        logger.exception("sampling failed for sequence %s; failing it alone", row.request_id)
+        return None
+
+
+def _score_rows(
+    rows: list[Sequence], logits: torch.Tensor, tokens: list[int | None]
+) -> dict[int, TokenScore]:
+    """Scores of the sampled tokens of the rows that asked for logprobs, by row index."""
+    wanted = [i for i, row in enumerate(rows) if row.request.logprobs is not None and tokens[i] is not None]
+    if not wanted:
+        return {}
+    top = max(rows[index].request.logprobs or 0 for index in wanted)
+    scores = score_tokens(logits[wanted], [tokens[index] or 0 for index in wanted], top)
+    return {
+        index: trim_score(score, rows[index].request.logprobs or 0)
+        for index, score in zip(wanted, scores, strict=True)
+    }
