@@ -64,7 +64,20 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> Flags:
         ),
         # The gateway's drain grace comes from TOKENFERRY_DRAIN_GRACE_S or YAML: `serve` shares one
         # parser between both processes, and --drain-grace is the worker's.
-        add("--redis-timeout", dest="redis_timeout_s", type=float, metavar="S", help="Redis connect timeout"),
+        add(
+            "--redis-timeout",
+            dest="redis_timeout_s",
+            type=float,
+            metavar="S",
+            help="Redis connect timeout, and the longest wait for a free pooled connection",
+        ),
+        add(
+            "--redis-max-connections",
+            type=int,
+            metavar="N",
+            help="Redis connections for requests; past them 503",
+        ),
+        add("--stream-readers", type=int, metavar="N", help="Redis connections relaying all open streams"),
         add(
             "--admin-api-key",
             dest="admin_api_keys",

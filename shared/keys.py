@@ -1,37 +1,50 @@
 """Owns the Redis key schema: every tokenferry key name and TTL is spelled here.
 
-| key                          | type   | writer  | reader          | TTL / owner                          |
-|------------------------------|--------|---------|-----------------|--------------------------------------|
-| tf:queue:{model}:{lane}      | zset   | gateway | worker (arq)    | arq owns entries                     |
-| tf:events:{request_id}       | stream | worker  | gateway         | EVENTS_TTL_S, re-armed at the end    |
-| tf:worker:{worker_id}        | string | worker  | gateway         | WORKER_TTL_S, refreshed by heartbeat |
-| tf:workers                   | set    | worker  | gateway         | members pruned by readers when stale |
-| tf:models:known              | hash   | worker  | gateway         | model -> last seen (s); KNOWN_TTL_S   |
+| key                          | type   | writer  | reader          | bound: TTL, size                      |
+|------------------------------|--------|---------|-----------------|---------------------------------------|
+| tf:queue:{model}:{lane}      | zset   | gateway | worker (arq)    | an entry per queued or running job,   |
+|                              |        |         |                 | gone at its end; interactive: past    |
+|                              |        |         |                 | max_queued_requests a 429 (withdrawn) |
+| tf:queue:{model}:{lane}:health-check | string | worker | nobody   | arq's health record; 3,601 s        |
+| tf:events:{request_id}       | stream | worker  | gateway         | EVENTS_TTL_S, re-armed at the end;    |
+|                              |        |         |                 | EVENTS_MAXLEN entries                 |
+| tf:worker:{worker_id}        | string | worker  | gateway         | WORKER_TTL_S, refreshed by heartbeat  |
+| tf:workers                   | set    | worker  | gateway         | live workers; stale ones pruned by    |
+|                              |        |         |                 | readers                               |
+| tf:models:known              | hash   | worker  | gateway         | model -> last seen (s); KNOWN_TTL_S;  |
+|                              |        |         |                 | a field per model name operators run  |
 | tf:run:{request_id}          | hash   | worker  | worker, gateway | a running job's owner; RUN_TTL_S      |
 | tf:running:{model}           | set    | worker  | worker (reaper) | members removed with their tf:run     |
-| tf:cancelled:{request_id}    | string | gateway | worker          | CANCELLED_TTL_S                      |
-| tf:wake:{model}              | pubsub | gateway | worker          | (channel: a job was enqueued)        |
-| tf:request:{request_id}      | string | gateway | gateway         | EVENTS_TTL_S (how to render a resume) |
-| tf:reply:{request_id}        | list   | worker  | gateway (BLPOP) | REPLY_TTL_S                          |
-| tf:key:{sha256 hex}          | hash   | keys    | gateway         | kept (revoked: a flag); one API key  |
-| tf:keys                      | hash   | keys    | gateway, keys   | kept: key id -> hash; auth is on     |
-| tf:rate:{key_id}:{resource}  | hash   | gateway | gateway         | RATE_WINDOW_S (idle bucket is full)  |
-| tf:owner:{kind}:{id}         | string | gateway | gateway         | the resource's lifetime, set by it   |
+| tf:cancelled:{request_id}    | string | gateway | worker          | CANCELLED_TTL_S                       |
+| tf:wake:{model}              | pubsub | gateway | worker          | (channel: a job was enqueued)         |
+| tf:aborts                    | pubsub | gateway | worker          | (channel: an abort was added)         |
+| tf:request:{request_id}      | string | gateway | gateway         | EVENTS_RUNNING_TTL_S (how to render a |
+|                              |        |         |                 | resume)                               |
+| tf:reply:{request_id}        | list   | worker  | gateway (BLPOP) | REPLY_TTL_S; one reply                |
+| tf:key:{sha256 hex}          | hash   | keys    | gateway         | kept (revoked: a flag); one API key   |
+|                              |        |         |                 | an admin created                      |
+| tf:keys                      | hash   | keys    | gateway, keys   | kept: key id -> hash, one per key     |
+| tf:rate:{key_id}:{resource}  | hash   | gateway | gateway         | RATE_WINDOW_S (idle bucket is full)   |
+| tf:owner:{kind}:{id}         | string | gateway | gateway         | the resource's lifetime, set by it    |
 | tf:file:{file_id}            | hash   | gateway | gateway         | retention (``expires_at``)            |
-| tf:file:{file_id}:content    | string | gateway | gateway         | as its tf:file                       |
-| tf:files:{tenant}            | zset   | gateway | gateway         | retention; stale members pruned      |
-| tf:batch:{batch_id}          | hash   | gateway | gateway, runner | window + retention; retention at end |
-| tf:batch:{batch_id}:{part}   | *      | runner  | runner          | as its tf:batch (done/inflight/...)  |
-| tf:batches:{tenant}          | zset   | gateway | gateway         | retention; stale members pruned      |
-| tf:active:{kind}             | set    | gateway | runner          | members removed when work ends       |
-| tf:lease:{kind}:{id}         | string | runner  | runner          | RUNNER_LEASE_S, renewed while held   |
+| tf:file:{file_id}:content    | string | gateway | gateway         | as its tf:file; max_file_bytes        |
+| tf:files:{tenant}            | zset   | gateway | gateway         | retention; stale members pruned       |
+| tf:batch:{batch_id}          | hash   | gateway | gateway, runner | window + retention; retention at end  |
+| tf:batch:{batch_id}:{part}   | *      | runner  | runner          | as its tf:batch (done/inflight/...);  |
+|                              |        |         |                 | a member per line of its file         |
+| tf:batches:{tenant}          | zset   | gateway | gateway         | retention; stale members pruned       |
+| tf:active:{kind}             | set    | gateway | runner          | members removed when work ends, or    |
+|                              |        |         |                 | when the runner finds it expired      |
+| tf:lease:{kind}:{id}         | string | runner  | runner          | RUNNER_LEASE_S, renewed while held    |
 | tf:failures:{kind}:{id}      | string | runner  | runner          | RUNNER_FAILURES_TTL_S; gone at success |
-| tf:response:{response_id}    | hash   | gateway | gateway, runner | window + retention; retention at end |
-| arq:job:{job_id}             | string | both    | worker (arq)    | arq's expiry; deleted when it ends   |
-| arq:in-progress:{job_id}     | string | worker  | worker, reaper  | job timeout + 10 s; deleted at end   |
-| arq:retry:{job_id}           | string | worker  | worker (arq)    | arq's; deleted when the job ends     |
+| tf:response:{response_id}    | hash   | gateway | gateway, runner | window + retention; retention at end  |
+| arq:job:{job_id}             | string | both    | worker (arq)    | arq's expiry; deleted when it ends    |
+| arq:in-progress:{job_id}     | string | worker  | worker, reaper  | job timeout + 10 s; deleted at end    |
+| arq:retry:{job_id}           | string | worker  | worker (arq)    | arq's (88,400 s); deleted at its end  |
 | arq:result:{job_id}          | string | nobody  | enqueue script  | never written (``keep_result=0``)     |
-| arq:abort                    | zset   | gateway | worker (arq)    | arq removes the ids it cancelled     |
+| arq:abort                    | zset   | gateway | worker          | ABORTS_MAX_AGE_S: the writer trims    |
+|                              |        |         |                 | older entries; only live attempts get |
+|                              |        |         |                 | one; arq removes those it cancelled   |
 
 "runner" is ``gateway/background/runner.py`` (each gateway runs one); ``*``: set, hash or lists.
 
@@ -149,6 +162,10 @@ ARQ_IN_PROGRESS_PREFIX = "arq:in-progress:"
 ARQ_RETRY_PREFIX = "arq:retry:"
 ARQ_RESULT_PREFIX = "arq:result:"
 ARQ_ABORTS = "arq:abort"
+# An abort entry older than this is trimmed (arq's ``abort_job_max_age``): a running job is
+# cancelled at its worker's next poll, announced at once, and the cancellation flag stops
+# one that has not started yet.
+ABORTS_MAX_AGE_S = 60
 
 
 def request_view(request_id: str) -> str:
@@ -157,12 +174,16 @@ def request_view(request_id: str) -> str:
 
 def request_id_of_job(arq_job_id: str) -> str:
     """The request an arq job id runs an attempt of (the inverse of ``attempt_job_id``)."""
-    return arq_job_id.partition("~")[0]
+    return arq_job_id.partition(ATTEMPT_SEPARATOR)[0]
+
+
+# Between a request id and its attempt number in an attempt's arq job id.
+ATTEMPT_SEPARATOR = "~"
 
 
 def attempt_job_id(request_id: str, attempt: int) -> str:
     """The arq job id of one attempt: arq never reuses ids, so each takeover needs its own."""
-    return request_id if attempt == 0 else f"{request_id}~{attempt}"
+    return request_id if attempt == 0 else f"{request_id}{ATTEMPT_SEPARATOR}{attempt}"
 
 
 # Batches, files and background responses (gateway/batches/, gateway/responses_api/).

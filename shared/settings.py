@@ -107,7 +107,16 @@ class GatewaySettings(_Settings):
         256, gt=0, description="Per model: requests waiting beyond this many get 429 at once."
     )
     redis_timeout_s: float = Field(
-        2.0, gt=0, description="Connect timeout to Redis: while it is down, requests get 503 at once."
+        2.0,
+        gt=0,
+        description="Connect timeout to Redis, and the longest a request waits for a free connection"
+        " of the pool: while Redis is down or the pool is exhausted, requests get 503.",
+    )
+    redis_max_connections: int = Field(
+        256, ge=1, description="Per gateway process: Redis connections for requests, at most."
+    )
+    stream_readers: int = Field(
+        4, ge=1, le=64, description="Per gateway process: Redis connections relaying all open streams."
     )
     drain_grace_s: float = Field(
         30.0, ge=0, description="On SIGTERM: how long open streams may run on before the gateway exits."

@@ -5,6 +5,8 @@ enqueue the job; wait for the worker's first event, which is ``accepted`` or
 ``failed``. A failure there (the prompt is too long, say) is raised as its domain
 error, so the client gets a plain HTTP 4xx before any SSE byte exists. After
 acceptance the caller either collects the events into one object or relays them.
+Every stream is read through the gateway's few shared stream readers
+(``shared/jobs/stream_mux.py``), so an open stream holds no Redis connection of its own.
 
 Whenever we stop listening before the job's terminal event (the client went
 away, the deadline passed, Redis failed, a bug), the job is aborted, so its batch
@@ -33,10 +35,11 @@ from starlette.types import Receive
 from gateway.http.errors import unknown_model
 from gateway.http.shutdown import server_is_stopping
 from gateway.ops.metrics import note_event, note_model
-from shared import registry
+from shared import keys, registry
 from shared.errors import NoLiveWorker, Overloaded, TokenferryError, WorkerFailed, error_from_info
 from shared.jobs import jobqueue
 from shared.jobs.arq_seam import QueuePool
+from shared.jobs.stream_mux import StreamMux
 from shared.jobs.streams import EventReader, StreamEvent
 from shared.protocol import (
     TERMINAL_EVENT_TYPES,
@@ -75,11 +78,19 @@ class Acceptance:
 class Dispatcher:
     """Runs jobs for request handlers; one per gateway process, built by the lifespan."""
 
-    def __init__(self, pool: QueuePool, timeout_s: float, max_queued: int = 256) -> None:
+    def __init__(
+        self, pool: QueuePool, timeout_s: float, max_queued: int = 256, *, stream_readers: int = 4
+    ) -> None:
         self._pool = pool
         self._timeout_s = timeout_s
         self._max_queued = max_queued
         self._reader = EventReader(pool)
+        # Every relayed stream is read through these few connections, none held per request.
+        self._streams = StreamMux(pool, readers=stream_readers)
+
+    async def aclose(self) -> None:
+        """Stop relaying (the lifespan's end: no request is left to read a stream)."""
+        await self._streams.aclose()
 
     async def start(self, job: GenerationJob, receive: Receive) -> Acceptance:
         """Submit ``job`` (for streaming), aborting it if the client leaves while it waits."""
@@ -116,7 +127,7 @@ class Dispatcher:
         """Every event of a job this request does not own (a background one: a runner does), Failed
         raised; leaving early leaves the job running."""
         deadline = time.monotonic() + self._timeout_s
-        async with aclosing(self._reader.read(request_id, deadline=deadline)) as events:
+        async with aclosing(self._streams.read(request_id, deadline=deadline)) as events:
             async for item in events:
                 if isinstance(item.event, Failed):
                     raise error_from_info(item.event.error)
@@ -130,7 +141,7 @@ class Dispatcher:
     ) -> AsyncGenerator[StreamEvent, None]:
         is_over = False
         try:
-            reads = self._reader.read(request_id, deadline=deadline, after_id=after_id)
+            reads = self._streams.read(request_id, deadline=deadline, after_id=after_id)
             async with aclosing(reads) as events:
                 async for item in events:
                     is_over = item.event.type in TERMINAL_EVENT_TYPES
@@ -192,8 +203,10 @@ class Dispatcher:
         the bound exactly rather than all passing a check made before any enqueued.
         """
         if ahead >= self._max_queued:
-            await self.abort(job.request_id, reason="queue full")
-            await jobqueue.forget(self._pool, job.model, job.request_id)
+            # Withdrawn unclaimed, the job leaves nothing behind; only a claimed one needs an abort.
+            if not await jobqueue.withdraw(self._pool, job.model, job.request_id, keys.Lane(job.lane)):
+                await self.abort(job.request_id, reason="queue full")
+                await jobqueue.forget(self._pool, job.model, job.request_id)
             raise Overloaded(
                 f"The model `{job.model}` has {ahead} requests waiting already; retry shortly.",
                 retry_after_s=1,
@@ -205,7 +218,7 @@ class Dispatcher:
             ahead = await jobqueue.enqueue(self._pool, job)
             logger.info("enqueued model=%s behind %d", job.model, ahead)
             await self._refuse_when_overloaded(job, ahead)
-            async with aclosing(self._reader.read(job.request_id, deadline=deadline)) as events:
+            async with aclosing(self._streams.read(job.request_id, deadline=deadline)) as events:
                 async for item in events:
                     return item
         except BaseException as exc:  # cancellation included: the job may be queued already

@@ -96,8 +96,18 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 def _lifespan(settings: GatewaySettings) -> Callable[[FastAPI], AbstractAsyncContextManager[LifespanState]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[LifespanState]:
-        pool = await jobqueue.open_pool(settings.redis_url, connect_timeout_s=settings.redis_timeout_s)
-        dispatcher = Dispatcher(pool, settings.request_timeout_s, settings.max_queued_requests)
+        pool = await jobqueue.open_pool(
+            settings.redis_url,
+            connect_timeout_s=settings.redis_timeout_s,
+            max_connections=settings.redis_max_connections,
+            wait_s=settings.redis_timeout_s,
+        )
+        dispatcher = Dispatcher(
+            pool,
+            settings.request_timeout_s,
+            settings.max_queued_requests,
+            stream_readers=settings.stream_readers,
+        )
         state = build_state(settings, pool, dispatcher)
         logger.info(
             "gateway ready: auth=%s timeout=%.0fs",
@@ -110,6 +120,7 @@ def _lifespan(settings: GatewaySettings) -> Callable[[FastAPI], AbstractAsyncCon
                 yield {"gateway": state}
         finally:
             del app.state.gateway
+            await dispatcher.aclose()
             await pool.aclose()
             logger.info("gateway stopped")
 

@@ -26,14 +26,15 @@ What the project relies on arq for:
   scored by enqueue time, which keeps running jobs until they finish, the in-progress
   key (``arq:in-progress:``, living the worker's ``in_progress_timeout_s``), the retry
   count and the result key, whose presence refuses a duplicate id.
-- **The abort set** (``arq:abort``, ``allow_abort_jobs``): the worker's
-  ``_cancel_aborted_jobs`` cancels the listed jobs it runs, recording them in
-  ``aborting_tasks`` (``QueueWorker.is_aborting``).
+- **The abort set** (``arq:abort``, ``allow_abort_jobs``): ``run_job`` drops a job
+  listed there before it starts; ``QueueWorker._cancel_aborted_jobs`` (arq's, overridden
+  to read only recent entries) cancels the listed jobs it runs (``job_tasks``),
+  recording them in ``aborting_tasks`` (``QueueWorker.is_aborting``).
 - **``Worker``, which ``QueueWorker`` subclasses** (``worker/queue/consumer.py``): its
   constructor options, ``run_job``, ``heart_beat``, ``_cancel_aborted_jobs``,
   ``close`` (wrapped) and the ``on_startup``/``on_shutdown`` hooks (``worker_hook``),
   ``async_run``/``run``, and the attributes the overrides keep as arq keeps them:
-  ``sem``, ``job_counter``, ``tasks``, ``aborting_tasks``, ``allow_pick_jobs``,
+  ``sem``, ``job_counter``, ``tasks``, ``job_tasks``, ``aborting_tasks``, ``allow_pick_jobs``,
   ``max_jobs``, ``in_progress_timeout_s``, ``queue_read_limit``, ``main_task``, ``ctx``.
 - **The pool** (``QueuePool``, arq's ``ArqRedis``, opened by ``create_pool`` from
   ``RedisSettings``): arq's client, which is also redis-py's async client that every
@@ -61,8 +62,9 @@ What the project does instead of arq:
 - **The drain instead of arq's signal handling**: SIGTERM stops taking jobs, lets
   running ones finish for a grace period, then hands the rest over as their next
   attempt (``QueueWorker.drain``, ``worker/queue/jobs.py``).
-- **Aborts** (``jobqueue.abort``): a cancellation flag, the abort set for every
-  attempt, and an announcement, instead of arq's ``Job.abort``.
+- **Aborts** (``shared/jobs/aborts.py``): a cancellation flag, the abort set for each live
+  attempt (trimmed to recent entries as it is written), and an announcement, instead of
+  arq's ``Job.abort``; a job refused at enqueue is withdrawn unclaimed (``jobqueue.withdraw``).
 - **Connection settings** (``jobqueue.redis_settings``) read as redis-py reads a URL,
   instead of arq's ``RedisSettings.from_dsn``.
 """

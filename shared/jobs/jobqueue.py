@@ -3,7 +3,8 @@
 Everything the gateway (and a worker handing a job on) does to the queue is here. arq
 is reached only through ``shared/jobs/arq_seam.py``, which lists what this module
 relies on (arq's key layout, its job payload, its abort set) and what it does instead
-(one enqueue script, aborts announced, the clean-up of dead attempts).
+(one enqueue script, aborts announced, the clean-up of dead attempts). Aborting is
+``shared/jobs/aborts.py``'s (the abort set, kept bounded), re-exported here.
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
+from redis.asyncio import BlockingConnectionPool
 from redis.connection import SSLConnection, parse_url
 
 from shared import keys
 from shared.codec import deserialize_arq_job, encode_job, serialize_arq_job
+from shared.jobs.aborts import abort as abort  # re-exported: the queue's callers cancel jobs here
+from shared.jobs.aborts import withdraw as withdraw
 from shared.jobs.arq_seam import QueuePool, RedisSettings, create_pool, serialize_job
 from shared.protocol import GenerationJob, TokenizeJob
 
@@ -64,7 +68,13 @@ def redacted_url(url: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
-async def open_pool(url: str, *, connect_timeout_s: float | None = None) -> QueuePool:
+async def open_pool(
+    url: str,
+    *,
+    connect_timeout_s: float | None = None,
+    max_connections: int | None = None,
+    wait_s: float = 2.0,
+) -> QueuePool:
     """An arq pool that is also a plain async Redis client (bytes replies).
 
     ``connect_timeout_s`` bounds each (re)connection, so a Redis that is down answers
@@ -72,11 +82,29 @@ async def open_pool(url: str, *, connect_timeout_s: float | None = None) -> Queu
     times lost a cancellation that landed mid-read, leaving abandoned requests and
     shutdowns hanging; a Redis that stalls with its connections open is therefore
     not detected (see the README).
+
+    With ``max_connections`` (the gateway's), the pool opens at most that many
+    connections, and a command that finds them all busy for ``wait_s`` raises redis-py's
+    ``ConnectionError`` ("No connection available."), which the gateway answers 503.
     """
-    settings = redis_settings(url)
-    if connect_timeout_s is not None:
-        settings.conn_timeout = connect_timeout_s  # type: ignore[assignment]  # arq types it int
-    return await create_pool(settings, job_serializer=serialize_arq_job, job_deserializer=deserialize_arq_job)
+    if max_connections is None:
+        settings = redis_settings(url)
+        if connect_timeout_s is not None:
+            settings.conn_timeout = connect_timeout_s  # type: ignore[assignment]  # arq types it int
+        return await create_pool(
+            settings, job_serializer=serialize_arq_job, job_deserializer=deserialize_arq_job
+        )
+    connections = BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=wait_s, socket_connect_timeout=connect_timeout_s or 2
+    )
+    pool = QueuePool(connections, job_serializer=serialize_arq_job, job_deserializer=deserialize_arq_job)
+    pool.auto_close_connection_pool = True  # the pool is this client's: closing it closes them
+    try:
+        await pool.ping()  # fail fast, as arq's create_pool does
+    except BaseException:
+        await pool.aclose()
+        raise
+    return pool
 
 
 # arq's enqueue (a job key, refused when the id exists, plus the queue entry) as one script,
@@ -185,24 +213,6 @@ async def _enqueue(pool: QueuePool, item: _QueuedJob) -> int:
     script_keys, args = item.script_call(pool, wake=True)
     reply = await pool.register_script(_ENQUEUE)(script_keys, args)
     return item.place_in_line(reply)
-
-
-async def abort(pool: QueuePool, request_id: str) -> None:
-    """Ask whichever worker holds ``request_id`` (whatever its attempt) to cancel it, or drop it unstarted.
-
-    The cancellation flag stops a takeover from resuming the request later; arq's
-    abort set cancels the attempt running now at the worker's next poll, which the
-    message on ``keys.ABORTS_CHANNEL`` triggers at once.
-    """
-    now_ms = int(time.time() * 1000)
-    async with pool.pipeline(transaction=False) as pipe:
-        pipe.set(keys.cancelled(request_id), b"1", ex=keys.CANCELLED_TTL_S)
-        pipe.zadd(keys.ARQ_ABORTS, {request_id: now_ms})
-        pipe.hget(keys.run(request_id), "attempt")
-        *_, attempt = await pipe.execute()
-    if attempt is not None and int(attempt) > 0:
-        await pool.zadd(keys.ARQ_ABORTS, {keys.attempt_job_id(request_id, int(attempt)): now_ms})
-    await pool.publish(keys.ABORTS_CHANNEL, request_id)
 
 
 async def forget(

@@ -11,8 +11,9 @@ arq is reached only through ``shared/jobs/arq_seam.py``, which lists the parts o
    after each enqueue and on ``keys.ABORTS_CHANNEL`` after each abort, and a job
    finishing here wakes its own lane and the lanes gated by the engine's room (its
    slot can take a waiting job). Jobs start and aborts land at once; the poll is
-   only a safety net. arq reads its abort set at every poll; here only after an
-   abort was announced, and at the safety-net polls: each read is a round trip.
+   only a safety net. arq reads its whole abort set at every poll; here only after an
+   abort was announced, and at the safety-net polls (each read is a round trip), and
+   only the entries written since the last read.
 2. **Redis outages.** In arq a failed poll ends ``main()`` and with it the worker.
    Here it is logged and retried with backoff, so a worker rides out a Redis restart
    and goes on serving with no restart of its own.
@@ -50,6 +51,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from shared import keys
+from shared.jobs.aborts import recent_aborts
 from shared.jobs.arq_seam import Worker, create_pool, log_redis_info
 from worker.queue.backoff import outage_delay
 
@@ -104,6 +106,7 @@ class QueueWorker(Worker):
         # the safety-net polls: counters, so an announcement during a read is not lost.
         self._aborts_announced = 1
         self._aborts_read = 0
+        self._aborts_read_at_ms = 0  # Redis's clock at the last read of the abort set
         self._draining = False
         self._stopping = False
         self._background: set[asyncio.Task[None]] = set()
@@ -222,6 +225,22 @@ class QueueWorker(Worker):
             task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
             task.add_done_callback(lambda _: self._slot_freed())
             self.tasks[job_id] = task
+
+    async def _cancel_aborted_jobs(self) -> None:
+        """arq's, reading only the abort entries written since the last read.
+
+        arq reads the whole set at every poll, and its trim removes nothing (it drops scores
+        above now + max age); the writer (``jobqueue.abort``) trims old entries instead. An
+        entry for a job that is not running here yet is consumed when it starts (arq's
+        ``run_job``), and the cancellation flag refuses it anyway.
+        """
+        self._aborts_read_at_ms, job_ids = await recent_aborts(self.pool, self._aborts_read_at_ms)
+        aborted = {job_id for job_id in job_ids if job_id in self.job_tasks}
+        for job_id in aborted:
+            self.job_tasks[job_id].cancel()
+        if aborted:
+            self.aborting_tasks.update(aborted)
+            await self.pool.zrem(keys.ARQ_ABORTS, *aborted)
 
     def add_companion(self, companion: QueueWorker) -> None:
         """Another lane's worker in this process: drained with this one, nudged with it."""

@@ -1,0 +1,312 @@
+"""Owns the gateway's shared stream readers: every relayed event stream read over a few connections.
+
+A stream read on its own holds a connection blocked in ``XREAD`` for its whole life, so
+each open SSE stream cost Redis a client (60 streams took Redis from 17 to 76). Here a
+fixed number of readers each own one connection and issue one ``XREAD BLOCK`` over all
+the streams given to them (XREAD takes many keys), handing each entry to its
+subscriber's buffer. A stream joins the reader that already reads it, else the least
+loaded one. A blocked XREAD does not see streams that joined after it was sent, so the
+reader re-issues XREAD with its current streams each time it returns, and a join cuts
+the XREAD in flight short with ``CLIENT UNBLOCK`` (from the gateway's pool). Without
+that, a new stream would wait out the block, and Redis ends blocks only on its ~100 ms
+ticks (``hz`` 10), whatever the block asked (measured in ``bench/stream_clients.py``);
+where ``CLIENT UNBLOCK`` is not allowed, that is the fallback (``BLOCK_MS``).
+
+Per subscriber the order, the resume point (``after_id``, the SSE ``Last-Event-ID``),
+the end at the terminal event and the deadline are those of ``EventReader.read``. A
+subscriber that does not keep up stops being read past ``_HIGH_WATER`` buffered events
+(its stream is read again from where it is once it drains), so a slow client never
+makes the gateway hold more than that. A Redis outage pauses every stream; one longer
+than ``outage_tolerance_s`` fails the streams then open with ``Unavailable``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import AsyncGenerator, Collection
+from dataclasses import dataclass, field
+from typing import Any
+
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from shared import keys
+from shared.codec import decode_event
+from shared.errors import Timeout, Unavailable
+from shared.jobs.streams import StreamEvent
+from shared.protocol import TERMINAL_EVENT_TYPES
+
+logger = logging.getLogger(__name__)
+
+# How long one XREAD blocks: with Redis's ~100 ms ticks, any block under 100 ms ends on the
+# next tick, which bounds how late a stream joining a reader is first read if it cannot be woken.
+BLOCK_MS = 50
+# Entries read per stream per XREAD.
+_COUNT = 256
+# A subscriber with this many events buffered is not read until it has consumed half of them.
+_HIGH_WATER = 1024
+_OUTAGE_RETRY_S = 0.25
+# The readers' connections carry this name (CLIENT LIST shows it).
+READER_CLIENT_NAME = "tokenferry-stream-reader"
+
+
+def _position(entry_id: str) -> tuple[int, int]:
+    """A stream entry id ("ms-seq", or "0") as a comparable pair."""
+    millis, _, sequence = entry_id.partition("-")
+    return int(millis), int(sequence or 0)
+
+
+@dataclass(eq=False)
+class _Subscription:
+    """One reader's interest in one stream from ``last_id`` on, and what it has not consumed yet."""
+
+    stream: str
+    last_id: str
+    entries: deque[StreamEvent] = field(default_factory=deque)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    error: Exception | None = None
+    ended: bool = False  # its terminal event was handed over: nothing more to read
+    paused: bool = False  # too much buffered: not read until it drains
+
+    @property
+    def wants_more(self) -> bool:
+        return not (self.ended or self.paused or self.error is not None)
+
+    def take(self, entry_id: str, fields: Any) -> None:
+        try:
+            event = StreamEvent(entry_id, decode_event(fields))
+        except Exception as error:  # a malformed entry fails its own stream, never the reader
+            self.fail(error)
+            return
+        self.entries.append(event)
+        self.last_id = entry_id
+        self.ended = event.event.type in TERMINAL_EVENT_TYPES
+        self.paused = len(self.entries) >= _HIGH_WATER
+        self.ready.set()
+
+    def fail(self, error: Exception) -> None:
+        self.error = error
+        self.ready.set()
+
+
+class _Reader:
+    """One connection's worth of streams: one XREAD over all of them at a time."""
+
+    def __init__(self, redis: Redis, waker: Redis, outage_tolerance_s: float) -> None:
+        self.redis = redis  # this reader's own client, over one connection
+        self._waker = waker  # the gateway's pool: cuts a blocked XREAD short
+        self._outage_tolerance_s = outage_tolerance_s
+        self.subscriptions: dict[str, list[_Subscription]] = {}
+        self.changed = asyncio.Event()  # a stream joined, or a paused subscriber drained
+        self.task: asyncio.Task[None] | None = None
+        self._client_id: int | None = None  # its connection's CLIENT ID, for CLIENT UNBLOCK
+        self._changes = 0  # counts joins; ``_read_changes`` is the count the XREAD in flight saw
+        self._read_changes = 0
+        self._blocked = False
+        self._waking: asyncio.Task[None] | None = None
+        self._can_wake = True
+
+    @property
+    def load(self) -> int:
+        return sum(len(subscriptions) for subscriptions in self.subscriptions.values())
+
+    def add(self, subscription: _Subscription) -> None:
+        self.subscriptions.setdefault(subscription.stream, []).append(subscription)
+        self.resume()
+
+    def resume(self) -> None:
+        """Read again with the current streams: at once if idle, and cut short a blocked XREAD."""
+        self._changes += 1
+        self.changed.set()
+        self._wake()
+
+    def remove(self, subscription: _Subscription) -> None:
+        subscriptions = self.subscriptions.get(subscription.stream, [])
+        if subscription in subscriptions:
+            subscriptions.remove(subscription)
+        if not subscriptions:
+            self.subscriptions.pop(subscription.stream, None)
+
+    async def run(self) -> None:
+        outage_started: float | None = None
+        while True:
+            positions = self._positions()
+            if not positions:
+                self.changed.clear()
+                await self.changed.wait()
+                continue
+            try:
+                reply = await self._read(positions)
+            except (RedisConnectionError, RedisTimeoutError) as error:
+                self._client_id = None  # a new connection has a new id
+                outage_started = outage_started or time.monotonic()
+                if time.monotonic() - outage_started > self._outage_tolerance_s:
+                    logger.warning("stream reads failed for %.0f s: %s", self._outage_tolerance_s, error)
+                    self._fail_all(Unavailable("The service lost its connection to Redis; please retry."))
+                    outage_started = None
+                await asyncio.sleep(_OUTAGE_RETRY_S)
+                continue
+            except RedisError as error:  # a reply error (a key that is no stream): fail its readers
+                self._fail_all(error, positions)
+                continue
+            outage_started = None
+            self._dispatch(positions, reply or ())
+
+    async def _read(self, positions: dict[str, str]) -> Any:
+        if self._client_id is None:
+            self._client_id = int(await self.redis.client_id())
+        self._read_changes = self._changes
+        self._blocked = True
+        try:
+            return await self.redis.xread(positions, block=BLOCK_MS, count=_COUNT)  # type: ignore[arg-type]
+        finally:
+            self._blocked = False
+
+    def _wake(self) -> None:
+        """CLIENT UNBLOCK the XREAD in flight if it misses a change: a stream that joined after
+        it was sent would otherwise wait out its block (Redis ends blocks on its ~100 ms ticks)."""
+        stale = self._blocked and self._read_changes != self._changes
+        if stale and self._can_wake and self._waking is None and self._client_id is not None:
+            self._waking = asyncio.get_running_loop().create_task(self._unblock(self._client_id))
+
+    async def _unblock(self, client_id: int) -> None:
+        try:
+            if not await self._waker.client_unblock(client_id):
+                await asyncio.sleep(0.001)  # the XREAD has not reached Redis yet: try again
+        except ResponseError as error:  # CLIENT UNBLOCK not allowed here: blocks run out instead
+            logger.info("stream readers cannot be woken (%s); new streams wait up to a block", error)
+            self._can_wake = False
+        except RedisError:
+            pass  # an outage: the reader's own read fails and re-reads with every stream
+        finally:
+            self._waking = None
+        self._wake()
+
+    async def aclose(self) -> None:
+        for task in (self.task, self._waking):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        await self.redis.aclose()
+        await self.redis.connection_pool.disconnect()
+
+    def _positions(self) -> dict[str, str]:
+        """Per stream, the oldest position a subscriber that wants more has reached."""
+        positions: dict[str, str] = {}
+        for stream, subscriptions in self.subscriptions.items():
+            wanting = [item.last_id for item in subscriptions if item.wants_more]
+            if wanting:
+                positions[stream] = min(wanting, key=_position)
+        return positions
+
+    def _dispatch(self, positions: dict[str, str], reply: Any) -> None:
+        for raw_stream, entries in reply:
+            stream = raw_stream.decode() if isinstance(raw_stream, bytes) else str(raw_stream)
+            read_from = _position(positions[stream])
+            # Only subscribers at or past the read position: one left behind (it was paused)
+            # would miss the entries between, so it is read from its own position next time.
+            subscribers = [
+                item
+                for item in self.subscriptions.get(stream, ())
+                if not item.ended and item.error is None and _position(item.last_id) >= read_from
+            ]
+            for raw_id, fields in entries:
+                entry_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
+                for item in subscribers:
+                    if not item.ended and _position(entry_id) > _position(item.last_id):
+                        item.take(entry_id, fields)
+
+    def _fail_all(self, error: Exception, streams: Collection[str] | None = None) -> None:
+        for stream, subscriptions in self.subscriptions.items():
+            if streams is not None and stream not in streams:
+                continue
+            for item in subscriptions:
+                if not item.ended:
+                    item.fail(error)
+
+
+class StreamMux:
+    """Reads many requests' event streams over ``readers`` connections; one per gateway process.
+
+    Its connections are its own, opened with the settings of ``redis`` (the gateway's pool)
+    when the first stream is read.
+    """
+
+    def __init__(self, redis: Redis, *, readers: int = 4, outage_tolerance_s: float = 30.0) -> None:
+        self._redis = redis
+        self._reader_count = readers
+        self._outage_tolerance_s = outage_tolerance_s
+        self._readers: list[_Reader] = []
+
+    async def read(
+        self, request_id: str, *, deadline: float, after_id: str = "0"
+    ) -> AsyncGenerator[StreamEvent, None]:
+        """Yield events after ``after_id``; raise ``Timeout`` if ``deadline`` (monotonic) passes."""
+        subscription = _Subscription(keys.events(request_id), after_id)
+        reader = self._reader_for(subscription.stream)
+        reader.add(subscription)
+        try:
+            while True:
+                while subscription.entries:
+                    item = subscription.entries.popleft()
+                    if subscription.paused and len(subscription.entries) <= _HIGH_WATER // 2:
+                        subscription.paused = False
+                        reader.resume()
+                    yield item
+                    if item.event.type in TERMINAL_EVENT_TYPES:
+                        return
+                if subscription.error is not None:
+                    raise subscription.error
+                await _wait(subscription.ready, deadline)
+        finally:
+            reader.remove(subscription)
+
+    async def aclose(self) -> None:
+        """Stop the readers and close their connections."""
+        readers, self._readers = self._readers, []
+        for reader in readers:
+            await reader.aclose()
+
+    def _reader_for(self, stream: str) -> _Reader:
+        if not self._readers:
+            self._start()
+        for reader in self._readers:
+            if stream in reader.subscriptions:
+                return reader  # one XREAD position serves every subscriber of a stream
+        return min(self._readers, key=lambda reader: reader.load)
+
+    def _start(self) -> None:
+        for _ in range(self._reader_count):
+            reader = _Reader(_reader_client(self._redis), self._redis, self._outage_tolerance_s)
+            reader.task = asyncio.get_running_loop().create_task(reader.run())
+            self._readers.append(reader)
+
+
+async def _wait(ready: asyncio.Event, deadline: float) -> None:
+    """Until ``ready`` is set (then clear it), or raise ``Timeout`` once ``deadline`` passes."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise Timeout("the request did not complete before its deadline")
+    try:
+        async with asyncio.timeout(remaining):
+            await ready.wait()
+    except TimeoutError:
+        raise Timeout("the request did not complete before its deadline") from None
+    ready.clear()
+
+
+def _reader_client(redis: Redis) -> Redis:
+    """A client over one connection of its own, set up as ``redis``'s (address, password, TLS)."""
+    template = redis.connection_pool
+    options = {**template.connection_kwargs, "client_name": READER_CLIENT_NAME}
+    pool = BlockingConnectionPool(
+        connection_class=template.connection_class, max_connections=1, timeout=None, **options
+    )
+    return Redis(connection_pool=pool)
