@@ -20,7 +20,7 @@ from typing import Annotated
 from fastapi import Depends, FastAPI, Request
 
 from gateway.background.runner import Driver, Runner
-from gateway.batches.files import FileStore
+from gateway.batches.files import FileQuota, FileStore
 from gateway.batches.run import BatchContext, run_batch
 from gateway.batches.store import BatchStore
 from gateway.responses_api.store import ResponseStore
@@ -34,6 +34,7 @@ class Background:
     batches: BatchStore
     responses: ResponseStore
     max_file_bytes: int
+    file_quota: FileQuota
 
 
 def build_background(settings: GatewaySettings, pool: QueuePool) -> tuple[Background, Runner]:
@@ -43,7 +44,8 @@ def build_background(settings: GatewaySettings, pool: QueuePool) -> tuple[Backgr
     responses = ResponseStore(pool, settings.result_retention_s)
     context = BatchContext(pool, batches, files, settings.batch_max_inflight, settings.max_tokens_limit)
     drivers: dict[str, Driver] = {"batch": partial(run_batch, context), "response": responses.drive}
-    return Background(files, batches, responses, settings.max_file_bytes), Runner(pool, drivers)
+    file_quota = FileQuota(settings.max_files_per_tenant, settings.max_file_bytes_per_tenant)
+    return Background(files, batches, responses, settings.max_file_bytes, file_quota), Runner(pool, drivers)
 
 
 @contextlib.asynccontextmanager
