@@ -100,6 +100,24 @@ def add_gateway_flags(parser: argparse.ArgumentParser) -> Flags:
             action=argparse.BooleanOptionalAction,
             help="GET /metrics needs an API key (default: open to scrapers)",
         ),
+        add(
+            "--max-streams-per-tenant",
+            type=int,
+            metavar="N",
+            help="SSE streams one tenant may hold open at once, on all gateways (default 64; then 429)",
+        ),
+        add("--max-files-per-tenant", type=int, metavar="N", help="files a tenant may store (default 1000)"),
+        add(
+            "--max-file-bytes-per-tenant",
+            type=int,
+            metavar="N",
+            help="bytes of files one tenant may store (default 1 GiB)",
+        ),
+        add(
+            "--docs-require-key",
+            action=argparse.BooleanOptionalAction,
+            help="/openapi.json, /docs and /redoc need an API key (default: yes, like the API)",
+        ),
     ]
 
 

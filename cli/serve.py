@@ -3,6 +3,10 @@
 The children are the same ``tokenferry gateway`` / ``tokenferry worker`` processes
 production runs, so the all-in-one mode exercises the real topology. If any child
 dies, everything stops: a half-running server is worse than a clear exit.
+
+Secrets (the Redis URL, which may hold a password, and the API keys) reach the
+children in their environment as ``TOKENFERRY_*`` variables, never on their
+command lines, which every local user can read (``ps``); the banner masks the password.
 """
 
 from __future__ import annotations
@@ -10,8 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 import threading
+from typing import Any
 
 from cli import options
+from shared.jobs.jobqueue import redacted_url
 from shared.redis_server import EmbeddedRedis
 from shared.supervisor import (
     ChildExited,
@@ -22,6 +28,7 @@ from shared.supervisor import (
     ctrl_c_ignored,
     served_models,
     stop_on_signals,
+    with_environment,
 )
 
 _READY_TIMEOUT_S = 300.0  # the first start converts the bundled model (about 35 s on 2 cores)
@@ -30,9 +37,9 @@ _STOP_TIMEOUT_S = 15.0
 
 def serve(args: argparse.Namespace, flags: dict[str, options.Flags]) -> int:
     common = options.to_argv(options.given(args, flags["serve_common"]), flags["serve_common"])
-    gateway_argv = common + options.to_argv(
-        options.given(args, flags["serve_gateway"]), flags["serve_gateway"]
-    )
+    gateway_values = options.given(args, flags["serve_gateway"])
+    key_env = _secret_env(gateway_values)  # takes the keys out of the values turned into flags
+    gateway_argv = common + options.to_argv(gateway_values, flags["serve_gateway"])
     worker_argv = common + options.to_argv(options.given(args, flags["serve_worker"]), flags["serve_worker"])
     redis = None if getattr(args, "redis_url", None) else EmbeddedRedis()
     # Children lead groups of their own: Ctrl-C reaches only this process, which stops them in order.
@@ -40,10 +47,11 @@ def serve(args: argparse.Namespace, flags: dict[str, options.Flags]) -> int:
     stop = stop_on_signals()
     try:
         redis_url = args.redis_url if redis is None else redis.start().url
-        supervisor.start("worker", cli_command("worker", "--redis-url", redis_url, *worker_argv))
+        redis_env = {"TOKENFERRY_REDIS_URL": redis_url}
+        supervisor.start("worker", cli_command("worker", *worker_argv), env=with_environment(redis_env))
         gateway_address = ["--host", args.host, "--port", str(args.port)]
-        gateway = ["gateway", "--redis-url", redis_url, *gateway_address, *gateway_argv]
-        supervisor.start("gateway", cli_command(*gateway))
+        gateway_env = with_environment({**redis_env, **key_env})
+        supervisor.start("gateway", cli_command("gateway", *gateway_address, *gateway_argv), env=gateway_env)
         model = _wait_until_ready(args.host, args.port, supervisor, stop)
         _print_banner(args.host, args.port, model, redis_url, embedded=redis is not None)
         return _wait_for_exit(supervisor, stop)
@@ -55,6 +63,19 @@ def serve(args: argparse.Namespace, flags: dict[str, options.Flags]) -> int:
             if redis is not None:
                 redis.stop()
         print("tokenferry: stopped", file=sys.stderr)
+
+
+def _secret_env(gateway_values: dict[str, Any]) -> dict[str, str]:
+    """The API keys given as flags, as the gateway's environment (removed from ``gateway_values``)."""
+    env: dict[str, str] = {}
+    for field, flag in (("api_keys", "--api-key"), ("admin_api_keys", "--admin-api-key")):
+        entries = [str(entry) for entry in gateway_values.pop(field, None) or []]
+        if any("," in entry for entry in entries):
+            # The environment holds a comma-separated list: such a key would arrive as two.
+            raise SystemExit(f"tokenferry serve: a {flag} key cannot contain a comma")
+        if entries:
+            env[f"TOKENFERRY_{field.upper()}"] = ",".join(entries)
+    return env
 
 
 def _wait_until_ready(host: str, port: int, supervisor: Supervisor, stop: threading.Event) -> str:
@@ -90,7 +111,7 @@ def _print_banner(host: str, port: int, model: str, redis_url: str, *, embedded:
     redis_note = "private Redis" if embedded else "Redis"
     print(
         f"""
-tokenferry is serving {model} at {base}  ({redis_note} at {redis_url}; Ctrl-C stops everything)
+tokenferry is serving {model} at {base}  ({redis_note} at {redacted_url(redis_url)}; Ctrl-C stops everything)
 
   curl {base}/chat/completions -H 'Content-Type: application/json' \\
     -d '{{"model": "{model}", "messages": [{{"role": "user", "content": "What is the capital of France?"}}]}}'

@@ -101,6 +101,12 @@ class RateLimited(Overloaded):
     code = "rate_limit_exceeded"
 
 
+class QuotaExceeded(Overloaded):
+    """A tenant's standing quota (open streams, stored files) is used up until something ends."""
+
+    code = "quota_exceeded"
+
+
 class RequestRateLimited(RateLimited):
     type = "requests"
 

@@ -29,6 +29,9 @@
 | tf:file:{file_id}            | hash   | gateway | gateway         | retention (``expires_at``)            |
 | tf:file:{file_id}:content    | string | gateway | gateway         | as its tf:file; max_file_bytes        |
 | tf:files:{tenant}            | zset   | gateway | gateway         | retention; stale members pruned       |
+| tf:file-bytes:{tenant}       | hash   | gateway | gateway         | retention; file id -> size (quota)    |
+| tf:streams:{tenant}          | zset   | gateway | gateway         | open streams scored by lapse time;    |
+|                              |        |         |                 | max_streams_per_tenant members        |
 | tf:batch:{batch_id}          | hash   | gateway | gateway, runner | window + retention; retention at end  |
 | tf:batch:{batch_id}:{part}   | *      | runner  | runner          | as its tf:batch (done/inflight/...);  |
 |                              |        |         |                 | a member per line of its file         |
@@ -203,6 +206,16 @@ def file_content(file_id: str) -> str:
 
 def files_index(tenant: str) -> str:
     return f"{PREFIX}files:{tenant}"
+
+
+def files_usage(tenant: str) -> str:
+    """The sizes of a tenant's stored files (file id -> bytes), beside its index, for its quota."""
+    return f"{PREFIX}file-bytes:{tenant}"
+
+
+def open_streams(tenant: str) -> str:
+    """A tenant's open SSE streams (its quota), each scored by the time it lapses if never closed."""
+    return f"{PREFIX}streams:{tenant}"
 
 
 def batch(batch_id: str) -> str:

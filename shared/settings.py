@@ -103,6 +103,9 @@ class GatewaySettings(_Settings):
     metrics_require_key: bool = Field(
         False, description="Whether GET /metrics needs an API key (scrapers usually have none)."
     )
+    docs_require_key: bool = Field(
+        True, description="Whether /openapi.json, /docs and /redoc need an API key, like the API."
+    )
     max_queued_requests: int = Field(
         256, gt=0, description="Per model: requests waiting beyond this many get 429 at once."
     )
@@ -139,6 +142,15 @@ class GatewaySettings(_Settings):
     )
     result_retention_s: int = Field(
         7 * 86_400, gt=0, description="How long files, batches and responses are kept once finished."
+    )
+    max_files_per_tenant: int = Field(
+        1000, gt=0, description="Files one tenant may store at once (uploads past it get 429)."
+    )
+    max_file_bytes_per_tenant: int = Field(
+        1024 * 1024 * 1024, gt=0, description="Bytes of files one tenant may store at once (then 429)."
+    )
+    max_streams_per_tenant: int = Field(
+        64, gt=0, description="SSE streams one tenant may hold open at once, on all gateways (then 429)."
     )
     batch_max_inflight: int = Field(
         256, gt=0, description="Per batch: lines enqueued and not yet finished, at most."

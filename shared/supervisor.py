@@ -119,8 +119,17 @@ def _opened(output: Output) -> Iterator[IO[bytes] | int | None]:
 
 
 def cli_command(*argv: str) -> list[str]:
-    """``tokenferry <argv>`` as this interpreter runs it (``python -m cli``): children share its venv."""
+    """``tokenferry <argv>`` as this interpreter runs it (``python -m cli``): children share its venv.
+
+    Never put a secret (a Redis password, an API key) in ``argv``: any local user reads
+    command lines (``ps``). Pass it as a ``TOKENFERRY_*`` variable (``with_environment``).
+    """
     return [sys.executable, "-m", "cli", *argv]
+
+
+def with_environment(values: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment plus ``values``: how a child receives secrets."""
+    return {**os.environ, **values}
 
 
 def first_exited(children: Iterable[Child]) -> Child | None:

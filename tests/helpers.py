@@ -41,7 +41,7 @@ async def running_stack(
     )
     worker = build_worker(worker_settings, handle_signals=False, tuning=tuning)
     worker_task = asyncio.create_task(worker.async_run())
-    gateway_settings = GatewaySettings(redis_url=redis_url, request_timeout_s=30, **(gateway or {}))
+    gateway_settings = GatewaySettings(**{"redis_url": redis_url, "request_timeout_s": 30, **(gateway or {})})
     probe_key = next(iter(gateway_settings.admin_api_keys + gateway_settings.api_keys), None)
     app = create_app(gateway_settings)
     try:

@@ -3,6 +3,7 @@
 The same operations as ``tokenferry keys`` (``gateway/access/key_admin.py`` does
 them): list (never secrets or hashes), create (the secret appears once, in that
 response), revoke. A revoked key stops working within the gateways' ``auth_cache_s``.
+What an admin may and may not do is written down in ``key_admin.py``.
 """
 
 from __future__ import annotations
@@ -46,7 +47,12 @@ class NewKeyRequest(BaseModel):
     rpm: int | None = Field(None, gt=0, description="Requests per minute; default: the gateway's.")
     tpm: int | None = Field(None, gt=0, description="Tokens per minute; default: the gateway's.")
     is_admin: bool = False
-    tenant: str | None = Field(None, min_length=1, max_length=200, description="Default: the key's id.")
+    tenant: str | None = Field(
+        None,
+        min_length=1,
+        max_length=200,
+        description="Default: the key's id (a new tenant); else only the admin's own tenant (403 otherwise).",
+    )
 
 
 class NewKey(KeyInfo):

@@ -21,7 +21,7 @@ from fastapi import Depends, FastAPI, Request
 
 from gateway.background.runner import Driver, GiveUp, Runner
 from gateway.batches.batch_end import BatchContext, give_up_batch
-from gateway.batches.files import FileStore
+from gateway.batches.files import FileQuota, FileStore
 from gateway.batches.run import run_batch
 from gateway.batches.store import BatchStore
 from gateway.responses_api.store import ResponseStore
@@ -35,6 +35,7 @@ class Background:
     batches: BatchStore
     responses: ResponseStore
     max_file_bytes: int
+    file_quota: FileQuota
 
 
 def build_background(settings: GatewaySettings, pool: QueuePool) -> tuple[Background, Runner]:
@@ -53,7 +54,8 @@ def build_background(settings: GatewaySettings, pool: QueuePool) -> tuple[Backgr
     drivers: dict[str, Driver] = {"batch": partial(run_batch, context), "response": responses.drive}
     give_ups: dict[str, GiveUp] = {"batch": partial(give_up_batch, context)}
     runner = Runner(pool, drivers, give_ups=give_ups)
-    return Background(files, batches, responses, settings.max_file_bytes), runner
+    file_quota = FileQuota(settings.max_files_per_tenant, settings.max_file_bytes_per_tenant)
+    return Background(files, batches, responses, settings.max_file_bytes, file_quota), runner
 
 
 @contextlib.asynccontextmanager

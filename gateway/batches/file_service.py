@@ -1,7 +1,9 @@
 """Owns what one caller's Files API requests do: checked uploads, pages of its files, 404s for unknown ids.
 
 The bytes live in ``gateway/batches/files.py``'s store; ids the caller does not own
-never get here (``gateway/access/ownership.py`` answers 404 first).
+never get here (``gateway/access/ownership.py`` answers 404 first). An upload past
+the tenant's file quota (count or bytes) answers 429 with ``Retry-After``; the
+anonymous caller (no keys configured: a single tenant) is not capped.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Annotated, Literal
 from fastapi import Depends, UploadFile
 
 from gateway.background.work import BackgroundDep
-from gateway.batches.files import FileStore
+from gateway.batches.files import FileQuota, FileStore
 from gateway.batches.listing import page_ends
 from gateway.batches.schema import FileDeleted, FileList, FileObject
 from gateway.http.deps import PrincipalDep
@@ -26,6 +28,7 @@ class FileService:
     store: FileStore
     tenant: str
     max_file_bytes: int
+    quota: FileQuota | None  # None: the anonymous caller (no keys configured), not capped
 
     async def upload(self, file: UploadFile, purpose: str) -> FileObject:
         """Store a batch input file (JSONL); its lines are validated when a batch uses it."""
@@ -41,7 +44,7 @@ class FileService:
         except UnicodeDecodeError as error:
             raise InvalidRequest(f"The file is not UTF-8 text (byte {error.start}).", param="file") from error
         filename = file.filename or "upload.jsonl"
-        return await self.store.create(self.tenant, filename, "batch", content)
+        return await self.store.create(self.tenant, filename, "batch", content, quota=self.quota)
 
     async def page(
         self, *, purpose: str | None, limit: int, after: str | None, order: Literal["asc", "desc"]
@@ -78,7 +81,8 @@ def _missing(file_id: str) -> NotFound:
 
 
 async def get_files(background: BackgroundDep, principal: PrincipalDep) -> FileService:
-    return FileService(background.files, principal.tenant, background.max_file_bytes)
+    quota = None if principal.is_anonymous else background.file_quota
+    return FileService(background.files, principal.tenant, background.max_file_bytes, quota)
 
 
 FilesDep = Annotated[FileService, Depends(get_files)]

@@ -133,6 +133,11 @@ class Dispatcher:
                     raise error_from_info(item.event.error)
                 yield item
 
+    def with_deadline(self, job: GenerationJob) -> GenerationJob:
+        """``job`` with its deadline, the request timeout from now, for workers: a job that waited
+        past it is answered (504), not started. Every job gets one, background ones included."""
+        return job.model_copy(update={"deadline_at": time.time() + self._timeout_s})
+
     async def history(self, request_id: str) -> list[StreamEvent]:
         return await self._reader.history(request_id)
 
@@ -179,8 +184,7 @@ class Dispatcher:
         note_model(job.model)
         enqueued_at = time.monotonic()
         deadline = enqueued_at + self._timeout_s
-        # Workers get the deadline too: a job that waited past it is answered, not started.
-        job = job.model_copy(update={"deadline_at": time.time() + self._timeout_s})
+        job = self.with_deadline(job)
         first = await self._enqueue_and_wait(job, deadline)
         if isinstance(first.event, Failed):
             _log_failed(first.event)

@@ -24,6 +24,8 @@ from pydantic import BaseModel
 from redis.asyncio import Redis
 from sse_starlette import EventSourceResponse
 
+from gateway.access.auth import Principal
+from gateway.access.stream_slots import StreamSlots
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.http import sse
 from gateway.http.deps import get_state
@@ -75,14 +77,29 @@ def split_history(history: list[StreamEvent], last_event_id: str | None) -> tupl
 class Resumer:
     """Resumes streams this gateway never served; built per request from the gateway state."""
 
-    def __init__(self, redis: Redis, dispatcher: Dispatcher, drain_grace_s: float) -> None:
+    def __init__(
+        self, redis: Redis, dispatcher: Dispatcher, streams: StreamSlots, drain_grace_s: float
+    ) -> None:
         self._redis = redis
         self._dispatcher = dispatcher
+        self._streams = streams
         self._drain_grace_s = drain_grace_s
 
-    async def resume(self, request_id: str, tenant: str, last_event_id: str | None) -> EventSourceResponse:
-        """The stream of ``request_id`` after ``last_event_id``, rendered as its first gateway did."""
-        view = await load_view(self._redis, request_id, tenant)
+    async def resume(
+        self, request_id: str, principal: Principal, last_event_id: str | None, stream_id: str
+    ) -> EventSourceResponse:
+        """The stream of ``request_id`` after ``last_event_id``, rendered as its first gateway did;
+        it holds one of the caller's stream slots, named ``stream_id`` (this request's id)."""
+        view = await load_view(self._redis, request_id, principal.tenant)
+
+        async def stream(on_close: sse.OnClose) -> EventSourceResponse:
+            return await self._stream(request_id, view, last_event_id, on_close)
+
+        return await self._streams.open(principal, stream_id, stream)
+
+    async def _stream(
+        self, request_id: str, view: StreamView, last_event_id: str | None, on_close: sse.OnClose
+    ) -> EventSourceResponse:
         seen, follow_from = split_history(await self._dispatcher.history(request_id), last_event_id)
         render = view.renderer()
         for item in seen:
@@ -91,7 +108,7 @@ class Resumer:
             rest = _nothing()  # the client has the whole stream but [DONE]
         else:
             rest = self._dispatcher.follow(request_id, follow_from)
-        return sse.event_stream(None, rest, render, drain_grace_s=self._drain_grace_s)
+        return sse.event_stream(None, rest, render, drain_grace_s=self._drain_grace_s, on_close=on_close)
 
 
 async def _nothing() -> AsyncGenerator[StreamEvent, None]:
@@ -101,7 +118,7 @@ async def _nothing() -> AsyncGenerator[StreamEvent, None]:
 
 async def get_resumer(request: Request) -> Resumer:
     state = get_state(request)
-    return Resumer(state.pool, state.dispatcher, state.drain_grace_s)
+    return Resumer(state.pool, state.dispatcher, state.streams, state.drain_grace_s)
 
 
 ResumerDep = Annotated[Resumer, Depends(get_resumer)]

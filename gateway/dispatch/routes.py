@@ -8,7 +8,7 @@ from fastapi import APIRouter, Header, Query
 from sse_starlette import EventSourceResponse
 
 from gateway.dispatch.resume import ResumerDep
-from gateway.http.deps import PrincipalDep
+from gateway.http.deps import PrincipalDep, RequestIdDep
 
 router = APIRouter(tags=["openai"])
 
@@ -22,6 +22,7 @@ async def resume_stream(
     request_id: str,
     resumer: ResumerDep,
     principal: PrincipalDep,
+    stream_id: RequestIdDep,
     last_event_id: Annotated[str | None, Header(description="The id of the last SSE event received.")] = None,
     after: Annotated[str | None, Query(description="Same as the Last-Event-ID header.")] = None,
 ) -> EventSourceResponse:
@@ -30,4 +31,4 @@ async def resume_stream(
     The request id is the ``x-request-id`` header of the original response. Events
     after ``Last-Event-ID`` are sent exactly as the original gateway would have.
     """
-    return await resumer.resume(request_id, principal.tenant, last_event_id or after)
+    return await resumer.resume(request_id, principal, last_event_id or after, stream_id)

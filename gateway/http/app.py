@@ -19,26 +19,31 @@ import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
-from fastapi import Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.routing import APIRoute
 from starlette.middleware.cors import CORSMiddleware
 
 from gateway.access import routes as admin
 from gateway.access.auth import Authenticator, Limits, static_keys
 from gateway.access.rate_limits import RATE_LIMIT_HEADERS, RateLimitHeadersMiddleware, RateLimits
+from gateway.access.stream_slots import StreamSlots
 from gateway.background import work
 from gateway.batches import routes as batches
 from gateway.dispatch import routes as streams
 from gateway.dispatch.dispatcher import Dispatcher
+from gateway.http.auth_gate import AuthGate
 from gateway.http.deps import GatewayState, LifespanState, guard_request
 from gateway.http.errors import install_error_handlers
 from gateway.http.middleware import BodyLimitMiddleware, RequestIdMiddleware
 from gateway.http.openapi import OPENAI_ADMIN, OPENAI_BACKGROUND, OPENAI_GENERATION, OPENAI_READ
+from gateway.http.sse import SEND_TIMEOUT_S
 from gateway.openai import routes as openai
 from gateway.ops import health_routes as health
 from gateway.ops import metrics_routes
 from gateway.ops.metrics import GatewayMetrics, RequestMetricsMiddleware
 from gateway.responses_api import routes as responses
 from gateway.tgi import routes as tgi
+from gateway.tgi.errors import tgi_error_response
 from gateway.tokenize import routes as tokenize
 from shared import __version__
 from shared.access.token_buckets import TokenBuckets
@@ -58,12 +63,36 @@ def create_app(settings: GatewaySettings) -> FastAPI:
         lifespan=_lifespan(settings),
     )
     install_error_handlers(app)
-    # Added last runs first: the request id must exist before the body limit can answer 413.
+    _install_middleware(app, settings)
+    guard = [Depends(guard_request)]
+    app.include_router(health.router)
+    app.include_router(metrics_routes.router, dependencies=guard if settings.metrics_require_key else [])
+    for router in (openai.router, responses.router):
+        app.include_router(router, dependencies=guard, responses=OPENAI_GENERATION)
+    app.include_router(openai.models_router, dependencies=guard, responses=OPENAI_READ)
+    app.include_router(tokenize.router, dependencies=guard, responses=OPENAI_READ)
+    app.include_router(streams.router, dependencies=guard, responses=OPENAI_READ)
+    app.include_router(admin.router, dependencies=guard, responses=OPENAI_ADMIN)
+    for router in (batches.files_router, batches.batches_router):
+        app.include_router(router, dependencies=guard, responses=OPENAI_BACKGROUND)
+    app.include_router(tgi.router, dependencies=guard)
+    return app
+
+
+def _install_middleware(app: FastAPI, settings: GatewaySettings) -> None:
+    """The ASGI layers around every route, in the order each request meets them (the last added first)."""
+    # Added last runs first: the request id must exist before the body limit can answer 413,
+    # and the key is checked before the body limit reads (buffers) any of the body.
     app.add_middleware(RateLimitHeadersMiddleware)
     app.add_middleware(
         BodyLimitMiddleware,
         max_body_bytes=settings.max_body_bytes,
         path_limits={"/v1/files": settings.max_file_bytes + batches.MULTIPART_OVERHEAD_BYTES},
+    )
+    app.add_middleware(
+        AuthGate,
+        open_paths=open_paths(app, settings),
+        error_renderers=dict.fromkeys(_paths(tgi.router), tgi_error_response),
     )
     app.add_middleware(RequestIdMiddleware)
     # Outside the body limit and request ids, so 413s are counted too; one registry per app.
@@ -78,19 +107,21 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             allow_headers=["*"],
             expose_headers=["x-request-id", "retry-after", *RATE_LIMIT_HEADERS],
         )
-    guard = [Depends(guard_request)]
-    app.include_router(health.router)
-    app.include_router(metrics_routes.router, dependencies=guard if settings.metrics_require_key else [])
-    for router in (openai.router, responses.router):
-        app.include_router(router, dependencies=guard, responses=OPENAI_GENERATION)
-    app.include_router(openai.models_router, dependencies=guard, responses=OPENAI_READ)
-    app.include_router(tokenize.router, dependencies=guard, responses=OPENAI_READ)
-    app.include_router(streams.router, dependencies=guard, responses=OPENAI_READ)
-    app.include_router(admin.router, dependencies=guard, responses=OPENAI_ADMIN)
-    for router in (batches.files_router, batches.batches_router):
-        app.include_router(router, dependencies=guard, responses=OPENAI_BACKGROUND)
-    app.include_router(tgi.router, dependencies=guard)
-    return app
+
+
+def open_paths(app: FastAPI, settings: GatewaySettings) -> set[str]:
+    """The paths answered without a key: the probes, and /metrics and the API docs where settings say."""
+    paths = _paths(health.router)
+    if not settings.metrics_require_key:
+        paths |= _paths(metrics_routes.router)
+    if not settings.docs_require_key:
+        docs = (app.openapi_url, app.docs_url, app.swagger_ui_oauth2_redirect_url, app.redoc_url)
+        paths |= {path for path in docs if path}
+    return paths
+
+
+def _paths(router: APIRouter) -> set[str]:
+    return {route.path for route in router.routes if isinstance(route, APIRoute)}
 
 
 def _lifespan(settings: GatewaySettings) -> Callable[[FastAPI], AbstractAsyncContextManager[LifespanState]]:
@@ -136,6 +167,12 @@ def build_state(settings: GatewaySettings, pool: QueuePool, dispatcher: Dispatch
         dispatcher=dispatcher,
         authenticator=Authenticator(pool, keys, limits, settings.auth_cache_s),
         rate_limits=RateLimits(TokenBuckets(pool)),
+        # Every relay ends by the request timeout; a drain and a slow reader may add their own.
+        streams=StreamSlots(
+            pool,
+            settings.max_streams_per_tenant,
+            lifetime_s=settings.request_timeout_s + settings.drain_grace_s + SEND_TIMEOUT_S,
+        ),
         max_tokens_limit=settings.max_tokens_limit,
         max_choices=settings.max_n,
         drain_grace_s=settings.drain_grace_s,

@@ -20,7 +20,9 @@ from fastapi import Depends, Request
 
 from gateway.access.auth import Authenticator, Principal
 from gateway.access.rate_limits import RateLimits
+from gateway.access.stream_slots import StreamSlots
 from gateway.dispatch.dispatcher import Dispatcher
+from gateway.http.auth_gate import principal_of
 from gateway.http.request_ids import request_id_of
 from gateway.http.unicode_text import check_unicode_text
 from shared.errors import PermissionDenied, UnsupportedMediaType
@@ -35,6 +37,7 @@ class GatewayState:
     dispatcher: Dispatcher
     authenticator: Authenticator
     rate_limits: RateLimits
+    streams: StreamSlots  # the per-tenant cap on open streams
     max_tokens_limit: int | None = None
     max_choices: int = 16  # the operator's max_n
     drain_grace_s: float = 30.0  # how long open streams may run on once the server stops
@@ -63,7 +66,14 @@ async def get_request_id(request: Request) -> str:
 
 
 async def get_principal(request: Request) -> Principal:
-    """The authenticated caller (401 when keys are configured and this one is not valid)."""
+    """The authenticated caller (401 when keys are configured and this one is not valid).
+
+    ``AuthGate`` authenticated it before the body was read; only a route the gate
+    lets through (an open path) is authenticated here, should it ask who calls.
+    """
+    found = principal_of(request.scope)
+    if found is not None:
+        return found
     return await get_state(request).authenticator.authenticate(request.headers.get("authorization"))
 
 

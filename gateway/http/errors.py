@@ -86,6 +86,8 @@ def to_domain_error(exc: BaseException, request: Request | None = None) -> Token
     if isinstance(exc, StarletteHTTPException):
         return _http_error(exc, request)
     if isinstance(exc, _REDIS_ERRORS):
+        # Redis' own text names its address: logged here, never sent.
+        logger.warning("Redis unreachable: %s", exc)
         return Unavailable("The service cannot reach its queue right now; please retry shortly.")
     logger.exception("unexpected error", exc_info=exc)
     return TokenferryError("The server had an error while processing your request.")

@@ -6,7 +6,9 @@ Intentional divergence: the body limit reads the whole body (at most
 ``max_body_bytes``) before the app runs, instead of raising mid-read. FastAPI
 turns any non-HTTP exception raised while it reads a body into a generic 400, so
 a limit enforced inside the read could not answer 413 in our error shape. Our
-bodies are small JSON documents that are parsed whole anyway, so buffering costs nothing.
+bodies are small JSON documents that are parsed whole anyway, so buffering costs nothing;
+and only authenticated callers' bodies are buffered, since the auth gate
+(``gateway/http/auth_gate.py``) runs first.
 """
 
 from __future__ import annotations

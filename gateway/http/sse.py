@@ -14,12 +14,14 @@ OpenAI itself sends.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
+from typing import Any
 
 import anyio
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Receive, Scope, Send
 
 from gateway.http.errors import error_body, to_domain_error
 from shared.jobs.streams import StreamEvent
@@ -35,6 +37,7 @@ SEND_TIMEOUT_S = 30.0
 DRAIN_GRACE_S = 30.0
 
 ChunkMaker = Callable[[TokenEvent], Sequence[BaseModel]]
+OnClose = Callable[[], Awaitable[None]]
 FrameMaker = Callable[[StreamEvent], Iterable[ServerSentEvent]]
 
 
@@ -44,11 +47,13 @@ def event_stream(
     to_chunks: ChunkMaker,
     *,
     drain_grace_s: float = DRAIN_GRACE_S,
+    on_close: OnClose | None = None,
 ) -> EventSourceResponse:
     """A streaming response relaying ``first`` then ``rest`` as chunks, ending with ``[DONE]``.
 
     When the server stops, the stream may run on for ``drain_grace_s`` before it is
     cut (and then its job keeps running, for a resume elsewhere: ``gateway/http/shutdown.py``).
+    ``on_close`` runs once the response is over, however it ended (its stream slot is given back).
     """
     frames = relayed_frames(
         first,
@@ -57,16 +62,21 @@ def event_stream(
         _error_frame,
         done=ServerSentEvent(data=DONE, sep=SEPARATOR),
     )
-    return sse_response(frames, drain_grace_s=drain_grace_s)
+    return sse_response(frames, drain_grace_s=drain_grace_s, on_close=on_close)
 
 
 def sse_response(
-    frames: AsyncIterator[ServerSentEvent], *, drain_grace_s: float | None = None
+    frames: AsyncIterator[ServerSentEvent],
+    *,
+    drain_grace_s: float | None = None,
+    on_close: OnClose | None = None,
 ) -> EventSourceResponse:
     """``frames`` as an SSE response: keep-alives, the send timeout, and a drain once the server
-    stops when ``drain_grace_s`` is given (without it, sse-starlette's defaults)."""
-    return EventSourceResponse(
+    stops when ``drain_grace_s`` is given (without it, sse-starlette's defaults); ``on_close``
+    runs once the response is over."""
+    return _ClosingEventSourceResponse(
         frames,
+        on_close=on_close,
         sep=SEPARATOR,
         ping=KEEPALIVE_S,
         ping_message_factory=_keepalive,
@@ -74,6 +84,25 @@ def sse_response(
         shutdown_event=None if drain_grace_s is None else anyio.Event(),
         shutdown_grace_period=0 if drain_grace_s is None else drain_grace_s,
     )
+
+
+class _ClosingEventSourceResponse(EventSourceResponse):
+    """An SSE response that runs ``on_close`` when it is over: finished, failed or cut off.
+
+    Here rather than in the frames' generator: a generator never started (its client
+    left before the first frame) never runs its ``finally``; the response always returns.
+    """
+
+    def __init__(self, *args: Any, on_close: OnClose | None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._on_close = on_close
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if self._on_close is not None:
+                await self._on_close()
 
 
 async def relayed_frames(

@@ -63,25 +63,37 @@ class OpenAIService:
         return render.text_completion(meta, results)
 
     async def _chat_stream(self, job: GenerationJob, meta: render.ResponseMeta) -> EventSourceResponse:
-        await resume.save_view(self.state.pool, self.request_id, "chat", meta, self.tenant)
-        acceptance = await self.state.dispatcher.start(job, self.receive)
-        relayed = self.state.dispatcher.relay(acceptance)
-        return self._stream(acceptance.accepted, relayed, render.ChatStream(meta).chunks)
+        async def stream(on_close: sse.OnClose) -> EventSourceResponse:
+            await resume.save_view(self.state.pool, self.request_id, "chat", meta, self.tenant)
+            acceptance = await self.state.dispatcher.start(job, self.receive)
+            relayed = self.state.dispatcher.relay(acceptance)
+            return self._stream(acceptance.accepted, relayed, render.ChatStream(meta).chunks, on_close)
+
+        return await self.state.streams.open(self.quota.principal, self.request_id, stream)
 
     async def _completion_stream(
         self, jobs: list[GenerationJob], meta: render.ResponseMeta
     ) -> EventSourceResponse:
-        if len(jobs) == 1:  # a stream merged from several prompts' streams cannot be resumed by one id
-            await resume.save_view(self.state.pool, self.request_id, "completion", meta, self.tenant)
-        submitted = fanout.submit_all(self.state.dispatcher, jobs)
-        acceptances = await unless_disconnected(submitted, self.receive)
-        relayed = fanout.relay_all(self.state.dispatcher, acceptances, meta.n)
-        return self._stream(acceptances[0].accepted, relayed, render.CompletionStream(meta).chunks)
+        async def stream(on_close: sse.OnClose) -> EventSourceResponse:
+            if len(jobs) == 1:  # a stream merged from several prompts' streams cannot be resumed by one id
+                await resume.save_view(self.state.pool, self.request_id, "completion", meta, self.tenant)
+            submitted = fanout.submit_all(self.state.dispatcher, jobs)
+            acceptances = await unless_disconnected(submitted, self.receive)
+            relayed = fanout.relay_all(self.state.dispatcher, acceptances, meta.n)
+            chunks = render.CompletionStream(meta).chunks
+            return self._stream(acceptances[0].accepted, relayed, chunks, on_close)
+
+        return await self.state.streams.open(self.quota.principal, self.request_id, stream)
 
     def _stream(
-        self, first: StreamEvent, rest: AsyncGenerator[StreamEvent, None], to_chunks: sse.ChunkMaker
+        self,
+        first: StreamEvent,
+        rest: AsyncGenerator[StreamEvent, None],
+        to_chunks: sse.ChunkMaker,
+        on_close: sse.OnClose,
     ) -> EventSourceResponse:
-        return sse.event_stream(first, rest, to_chunks, drain_grace_s=self.state.drain_grace_s)
+        grace_s = self.state.drain_grace_s
+        return sse.event_stream(first, rest, to_chunks, drain_grace_s=grace_s, on_close=on_close)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ stream does not stop it.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -54,9 +54,13 @@ class ResponseService:
         if not body.stream:
             events = await dispatcher.complete(job, self.receive)
             return translate.finished_response(pending, events, self.request_id, time.time())
-        acceptance = await dispatcher.start(job, self.receive)
-        stream = translate.ResponseStream(pending, self.request_id, time.time())
-        return self._stream(acceptance.accepted, dispatcher.relay(acceptance), stream)
+
+        async def stream(on_close: sse.OnClose) -> EventSourceResponse:
+            acceptance = await dispatcher.start(job, self.receive)
+            events = translate.ResponseStream(pending, self.request_id, time.time())
+            return self._stream(acceptance.accepted, dispatcher.relay(acceptance), events, on_close)
+
+        return await self._open_stream(stream)
 
     async def retrieve(
         self, response_id: str, *, stream: bool, starting_after: int | None
@@ -77,7 +81,11 @@ class ResponseService:
             )
         after = -1 if starting_after is None else starting_after
         replay = translate.ResponseStream(translate.as_created(response), request_id, time.time(), after)
-        return self._stream(None, self.state.dispatcher.watch(request_id), replay)
+
+        async def replayed(on_close: sse.OnClose) -> EventSourceResponse:
+            return self._stream(None, self.state.dispatcher.watch(request_id), replay, on_close)
+
+        return await self._open_stream(replayed)
 
     async def cancel(self, response_id: str) -> Response:
         """Cancel a background response that has not finished; a finished one is returned as it is."""
@@ -93,21 +101,37 @@ class ResponseService:
         self, body: ResponseCreateRequest, job: GenerationJob, pending: Response
     ) -> Response | EventSourceResponse:
         await require_live(self.state.pool, body.model)
-        await self.store.create(self.tenant, pending, self.request_id)
-        await jobqueue.enqueue(self.state.pool, job)
         if not body.stream:
+            await self._enqueue_background(job, pending)
             return pending
-        # Streamed as it runs; a client leaving does not cancel it (cancel does), and it can be polled.
-        stream = translate.ResponseStream(pending, self.request_id, time.time())
-        return self._stream(None, self.state.dispatcher.watch(self.request_id), stream)
+
+        async def stream(on_close: sse.OnClose) -> EventSourceResponse:
+            # Streamed as it runs; a client leaving does not cancel it (cancel does), and it can be polled.
+            await self._enqueue_background(job, pending)
+            events = translate.ResponseStream(pending, self.request_id, time.time())
+            return self._stream(None, self.state.dispatcher.watch(self.request_id), events, on_close)
+
+        return await self._open_stream(stream)
+
+    async def _enqueue_background(self, job: GenerationJob, pending: Response) -> None:
+        """Store and enqueue a background response; its job gets a deadline like every job."""
+        await self.store.create(self.tenant, pending, self.request_id)
+        await jobqueue.enqueue(self.state.pool, self.state.dispatcher.with_deadline(job))
+
+    async def _open_stream(
+        self, build: Callable[[sse.OnClose], Awaitable[EventSourceResponse]]
+    ) -> EventSourceResponse:
+        return await self.state.streams.open(self.quota.principal, self.request_id, build)
 
     def _stream(
         self,
         first: StreamEvent | None,
         rest: AsyncGenerator[StreamEvent, None],
         stream: translate.ResponseStream,
+        on_close: sse.OnClose,
     ) -> EventSourceResponse:
-        return sse.event_stream(first, rest, stream.events, drain_grace_s=self.state.drain_grace_s)
+        grace_s = self.state.drain_grace_s
+        return sse.event_stream(first, rest, stream.events, drain_grace_s=grace_s, on_close=on_close)
 
 
 def _missing(response_id: str) -> NotFound:

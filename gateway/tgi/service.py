@@ -20,6 +20,7 @@ from starlette.types import Receive
 from gateway.access.quota import Quota, QuotaDep
 from gateway.http.deps import GatewayState, RequestIdDep, get_state
 from gateway.http.errors import unknown_model
+from gateway.http.sse import OnClose
 from gateway.tgi import translate
 from gateway.tgi.schema import GenerateRequest, GenerateResponse, Info
 from gateway.tgi.sse import token_stream
@@ -46,9 +47,13 @@ class TgiService:
     async def generate_stream(self, body: GenerateRequest) -> EventSourceResponse:
         """One event per token; the last carries generated_text (and details if asked)."""
         job = await self._charged_job(body, stream=True)
-        acceptance = await self.state.dispatcher.start(job, self.receive)
-        relayed = self.state.dispatcher.relay(acceptance)
-        return token_stream(acceptance.accepted, relayed, translate.TgiStream(body))
+
+        async def stream(on_close: OnClose) -> EventSourceResponse:
+            acceptance = await self.state.dispatcher.start(job, self.receive)
+            relayed = self.state.dispatcher.relay(acceptance)
+            return token_stream(acceptance.accepted, relayed, translate.TgiStream(body), on_close)
+
+        return await self.state.streams.open(self.quota.principal, self.request_id, stream)
 
     async def info(self, model: str | None) -> Info:
         """The served model and its limits, as TGI describes itself."""

@@ -19,22 +19,26 @@ from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from gateway.http.errors import to_domain_error
-from gateway.http.sse import SEPARATOR, relayed_frames, sse_response
+from gateway.http.sse import SEPARATOR, OnClose, relayed_frames, sse_response
 from gateway.tgi.translate import TgiStream, tgi_error
 from shared.jobs.streams import StreamEvent
 
 
 def token_stream(
-    first: StreamEvent, rest: AsyncGenerator[StreamEvent, None], stream: TgiStream
+    first: StreamEvent,
+    rest: AsyncGenerator[StreamEvent, None],
+    stream: TgiStream,
+    on_close: OnClose | None = None,
 ) -> EventSourceResponse:
-    """A streaming response relaying ``first`` then ``rest`` as TGI token events."""
+    """A streaming response relaying ``first`` then ``rest`` as TGI token events; ``on_close``
+    runs once it is over."""
     frames = relayed_frames(
         first,
         rest,
         lambda item: [_frame(response) for response in stream.feed(item.event)],
         lambda exc: _frame(tgi_error(to_domain_error(exc))[1]),
     )
-    return sse_response(frames)
+    return sse_response(frames, on_close=on_close)
 
 
 def _frame(payload: BaseModel) -> ServerSentEvent:

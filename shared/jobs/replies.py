@@ -9,6 +9,7 @@ for it and deletes it.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Awaitable
 from typing import cast
@@ -19,6 +20,8 @@ from redis.asyncio import Redis
 from shared import keys
 from shared.errors import Timeout, WorkerFailed
 from shared.protocol import TokenizeReply
+
+logger = logging.getLogger(__name__)
 
 _reply_adapter: TypeAdapter[TokenizeReply] = TypeAdapter(TokenizeReply)
 
@@ -48,4 +51,6 @@ async def await_reply(redis: Redis, request_id: str, timeout_s: float) -> Tokeni
     try:
         return _reply_adapter.validate_json(raw)
     except ValidationError as error:
-        raise WorkerFailed(f"the worker's reply could not be read: {error}") from error
+        # The detail is for the operator (a worker of another version?), never for the client.
+        logger.warning("unreadable reply from a worker: %s", error)
+        raise WorkerFailed("The worker's answer could not be read; please retry.") from error

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,6 +31,8 @@ from shared.protocol import TERMINAL_EVENT_TYPES, TokenEvent
 # XREAD blocks at most this long per call so deadlines are checked between calls.
 _READ_BLOCK_MS = 1_000
 _OUTAGE_RETRY_S = 0.25
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,7 +208,9 @@ class EventReader:
                 now = time.monotonic()
                 outage_started = outage_started or now
                 if now - outage_started > self._outage_tolerance_s:
-                    raise Unavailable(f"lost the connection to Redis: {error}") from error
+                    # The detail (an address, say) is for the log, not for a client.
+                    logger.warning("gave up reading %s through a Redis outage: %s", stream, error)
+                    raise Unavailable("The service lost its queue connection; please retry.") from error
                 await asyncio.sleep(_OUTAGE_RETRY_S)
 
 

@@ -129,4 +129,5 @@ async def test_metrics_are_open_unless_configured_to_need_a_key_and_stay_out_of_
                 assert (await client.get("/metrics")).status_code == status_without_key
                 keyed = await client.get("/metrics", headers={"Authorization": "Bearer sk-test"})
                 assert keyed.status_code == 200
-                assert "/metrics" not in (await client.get("/openapi.json")).json()["paths"]
+                schema = await client.get("/openapi.json", headers={"Authorization": "Bearer sk-test"})
+                assert "/metrics" not in schema.json()["paths"]

@@ -34,6 +34,8 @@ from worker.runtime import WorkerRuntime
 
 logger = logging.getLogger(__name__)
 
+# What a client learns of a bug in the worker; the traceback goes to the worker's log.
+WORKER_FAILED_MESSAGE = "The worker failed on this request; please retry. The server's log has the detail."
 # arq runs a job again when it raises Retry, up to this many times (a Redis outage at its start).
 GENERATE_MAX_TRIES = 20
 
@@ -84,9 +86,9 @@ async def generate(ctx: WorkerContext, payload: Any) -> None:
             logger.warning("Redis failed while starting (%s); retrying once Redis is back", error)
             if not await _hand_over_after_outage(runtime.lifecycle, job):
                 raise Retry(defer=outage_delay(0)) from error
-        except Exception as error:  # a bug, not the client's fault: it must still get an answer
-            logger.exception("failed")
-            await _report_failure(runtime, job, WorkerFailed(f"the worker failed on this request: {error}"))
+        except Exception:  # a bug, not the client's fault: it must still get an answer
+            logger.exception("failed")  # the detail stays in the log: exception text is no client's business
+            await _report_failure(runtime, job, WorkerFailed(WORKER_FAILED_MESSAGE))
 
 
 async def _hand_over_after_outage(lifecycle: JobLifecycle, job: GenerationJob) -> bool:
