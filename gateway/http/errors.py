@@ -125,6 +125,8 @@ def validation_error(errors: Sequence[Any]) -> InvalidRequest:
     location = [str(part) for part in first["loc"]]
     if location[:1] == ["body"]:
         location = location[1:]
+    if location[-1:] == ["[key]"]:
+        location = location[:-2]  # a bad key is the map's problem: name the map, not the key
     param = ".".join(location) or None
     message = _describe(first, param)
     if len(errors) > 1:

@@ -1,7 +1,8 @@
 """Owns the field types of OpenAI request bodies: their bounds, descriptions and checks.
 
 ``gateway/openai/schema.py`` composes its models from these, so both request
-bodies validate a shared field the same way. Checks that a bound cannot express
+bodies validate a shared field the same way; the numbers they bound by are
+``gateway/openai/limits.py``'s. Checks that a bound cannot express
 raise a ``PydanticCustomError`` with a sentence meant for the client; its location
 becomes the OpenAI ``param`` (``messages.2.content``). A feature we do not
 implement yet is refused with a 400 naming the field, never silently dropped.
@@ -16,20 +17,28 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Annotated, Any, TypeVar
 
-from pydantic import AfterValidator, AliasChoices, Field
+from pydantic import AfterValidator, AliasChoices, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
+
+from gateway.openai.limits import (
+    MAX_BEAMS,
+    MAX_CHOICES,
+    MAX_CONTENT_PARTS,
+    MAX_PROMPTS,
+    MAX_TOKEN_COUNT,
+    MAX_TOP_LOGPROBS,
+    STOP_LIST_SCHEMA,
+    STOP_STRING_SCHEMA,
+    LogitBiasMap,
+    check_count,
+    check_token_ids,
+    validate_stop,
+)
 
 _T = TypeVar("_T")
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
 _TOOL_ROLES = frozenset({"tool", "function"})
-MAX_STOP_SEQUENCES = 4
-# Prompts one /v1/completions request may list; each runs as its own job.
-MAX_PROMPTS = 64
-# The schema's bound on n; the operator's (smaller) ``max_n`` is checked per request.
-MAX_CHOICES = 128
-# OpenAI's bound on top_logprobs (and vLLM's on completions' logprobs).
-MAX_TOP_LOGPROBS = 20
 
 
 def validate_role(role: str) -> str:
@@ -61,6 +70,7 @@ def normalize_content(content: Any) -> Any:
         raise PydanticCustomError(
             "invalid_content", "Message content must be a string or a list of text parts."
         )
+    check_count(len(content), MAX_CONTENT_PARTS, "content parts per message")
     for part in content:
         _check_part(part)
     return content
@@ -88,11 +98,8 @@ def normalize_prompt(prompt: Any) -> Any:
     if not prompt:
         raise PydanticCustomError("invalid_prompt", "The prompt must not be an empty list.")
     if all(_is_int(value) for value in prompt):
-        return [_checked_token_ids(prompt)]
-    if len(prompt) > MAX_PROMPTS:
-        raise PydanticCustomError(
-            "too_many_prompts", "At most {most} prompts per request.", {"most": MAX_PROMPTS}
-        )
+        return [check_token_ids(prompt)]
+    check_count(len(prompt), MAX_PROMPTS, "prompts per request")
     return [_single_prompt(value) for value in prompt]
 
 
@@ -100,7 +107,7 @@ def _single_prompt(value: Any) -> str | list[int]:
     if isinstance(value, str):
         return value
     if isinstance(value, list) and value and all(_is_int(token) for token in value):
-        return _checked_token_ids(value)
+        return check_token_ids(value)
     raise PydanticCustomError(
         "invalid_prompt",
         "The prompt must be a string, a list of strings, a list of token ids or a list of token-id lists.",
@@ -110,22 +117,6 @@ def _single_prompt(value: Any) -> str | list[int]:
 def _is_int(value: Any) -> bool:
     # bool is an int subclass, and `true` is not a token id.
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _checked_token_ids(token_ids: list[int]) -> list[int]:
-    if any(token_id < 0 for token_id in token_ids):
-        raise PydanticCustomError("invalid_prompt", "Token ids must be non-negative integers.")
-    return token_ids
-
-
-def validate_stop(stop: str | list[str] | None) -> str | list[str] | None:
-    """At most four stop sequences, none of them empty (an empty one would stop at once)."""
-    sequences = [stop] if isinstance(stop, str) else stop or []
-    if len(sequences) > MAX_STOP_SEQUENCES:
-        raise PydanticCustomError("too_many_stops", "At most 4 stop sequences are allowed.")
-    if any(not sequence for sequence in sequences):
-        raise PydanticCustomError("empty_stop", "Stop sequences must not be empty.")
-    return stop
 
 
 def refuse_when(is_requested: Callable[[Any], bool], message: str) -> AfterValidator:
@@ -152,31 +143,47 @@ def _is_a_tool_choice(value: Any) -> bool:
 
 
 # Sampling fields of both request bodies.
-MaxTokens = Annotated[int | None, Field(ge=1, description="Most tokens to generate; default: the context.")]
+MaxTokens = Annotated[
+    int | None, Field(ge=1, le=MAX_TOKEN_COUNT, description="Most tokens to generate; default: the context.")
+]
 Temperature = Annotated[float | None, Field(ge=0, le=2, description="Sampling temperature, 0 to 2.")]
 TopP = Annotated[float | None, Field(gt=0, le=1, description="Nucleus sampling probability mass.")]
 Penalty = Annotated[float | None, Field(ge=-2, le=2, description="OpenAI-style penalty, -2 to 2.")]
 Stop = Annotated[
     str | list[str] | None,
     AfterValidator(validate_stop),
-    Field(description="Up to 4 sequences where generation stops; not included in the output."),
+    WithJsonSchema({"anyOf": [STOP_STRING_SCHEMA, STOP_LIST_SCHEMA, {"type": "null"}]}),
+    Field(description="Up to 4 sequences (512 characters each) where generation stops; not in the output."),
 ]
 # int64, as vLLM bounds it: torch's generators refuse seeds of 2**64 and more.
 Seed = Annotated[int | None, Field(ge=-(2**63), le=2**63 - 1, description="Seed for reproducible sampling.")]
 User = Annotated[str | None, Field(description="End-user id; accepted and ignored.")]
 
 # HuggingFace generation parameters, accepted at the top level (where `extra_body` lands).
-TopK = Annotated[int | None, Field(ge=-1, description="Keep the k most likely tokens; -1 or 0 disable.")]
+TopK = Annotated[
+    int | None,
+    Field(ge=-1, le=MAX_TOKEN_COUNT, description="Keep the k most likely tokens; -1 or 0 disable."),
+]
 TypicalP = Annotated[float | None, Field(gt=0, le=1, description="Locally typical sampling mass.")]
 MinP = Annotated[float | None, Field(ge=0, le=1, description="Least probability relative to the top token.")]
 RepetitionPenalty = Annotated[float | None, Field(gt=0, description="Multiplicative penalty; 1 disables.")]
 LengthPenalty = Annotated[float | None, Field(description="Beam-search length penalty exponent.")]
-NoRepeatNgramSize = Annotated[int | None, Field(ge=0, description="Never repeat an n-gram of this size.")]
-NumBeams = Annotated[int | None, Field(ge=1, description="Beam-search width; 1 means sampling/greedy.")]
+NoRepeatNgramSize = Annotated[
+    int | None, Field(ge=0, le=MAX_TOKEN_COUNT, description="Never repeat an n-gram of this size.")
+]
+NumBeams = Annotated[
+    int | None,
+    Field(
+        ge=1,
+        le=MAX_BEAMS,
+        description="Beam-search width; 1 means sampling/greedy. Each worker may allow fewer.",
+    ),
+]
 MinTokens = Annotated[
     int | None,
     Field(
         ge=0,
+        le=MAX_TOKEN_COUNT,
         validation_alias=AliasChoices("min_tokens", "min_length"),
         description="Generate at least this many tokens (alias: min_length).",
     ),
@@ -195,28 +202,15 @@ ChoiceCount = Annotated[
 ]
 BestOf = Annotated[
     int | None,
-    Field(ge=1, description="Accepted only equal to n (every candidate is returned; none is ranked away)."),
+    Field(
+        ge=1,
+        le=MAX_CHOICES,
+        description="Accepted only equal to n (every candidate is returned; none is ranked away).",
+    ),
 ]
-MAX_LOGIT_BIAS_ENTRIES = 1024
-
-
-def _check_logit_bias(value: dict[str, float] | None) -> dict[str, float] | None:
-    for token, bias in (value or {}).items():
-        if not token.isdigit():
-            raise PydanticCustomError(
-                "logit_bias", "logit_bias keys must be token ids, got {token!r}.", {"token": token}
-            )
-        if not -100 <= bias <= 100:
-            raise PydanticCustomError("logit_bias", "logit_bias values must be in [-100, 100].")
-    if value is not None and len(value) > MAX_LOGIT_BIAS_ENTRIES:
-        raise PydanticCustomError("logit_bias", f"logit_bias takes at most {MAX_LOGIT_BIAS_ENTRIES} tokens.")
-    return value
-
-
 LogitBias = Annotated[
-    dict[str, float] | None,
+    LogitBiasMap | None,
     Field(description="Token id (as a string) -> bias in [-100, 100] added to that token's logit."),
-    AfterValidator(_check_logit_bias),
 ]
 Tools = Annotated[
     list[Any] | None,

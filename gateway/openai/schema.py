@@ -47,10 +47,12 @@ from gateway.openai.fields import (
     refuse_when,
     validate_role,
 )
+from gateway.openai.limits import MAX_MESSAGES, MAX_PROMPT_TOKENS, MAX_PROMPTS, MAX_TOKEN_ID
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # inf and nan parse from JSON (1e999, NaN) but are no sampling parameter's value.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
 
 class StreamOptions(_Request):
@@ -119,7 +121,9 @@ class _GenerationRequest(_Request):
 class ChatCompletionRequest(_GenerationRequest):
     """Body of POST /v1/chat/completions."""
 
-    messages: list[ChatMessageParam] = Field(min_length=1, description="The conversation so far.")
+    messages: list[ChatMessageParam] = Field(
+        min_length=1, max_length=MAX_MESSAGES, description="The conversation so far."
+    )
     function_call: FunctionCall = None
     functions: Functions = None
     logprobs: ChatLogprobs = None
@@ -130,8 +134,16 @@ class ChatCompletionRequest(_GenerationRequest):
     top_logprobs: TopLogprobs = None
 
 
-# The four prompt forms OpenAI accepts (documented), normalised to a list of prompts (validated).
-PromptInput = str | list[str] | list[int] | list[list[int]]
+# The four prompt forms OpenAI accepts (documented with their bounds), normalised to a list of
+# prompts (validated by normalize_prompt).
+_TokenId = Annotated[int, Field(ge=0, le=MAX_TOKEN_ID)]
+_TokenIds = Annotated[list[_TokenId], Field(min_length=1, max_length=MAX_PROMPT_TOKENS)]
+PromptInput = (
+    str
+    | Annotated[list[str], Field(min_length=1, max_length=MAX_PROMPTS)]
+    | _TokenIds
+    | Annotated[list[_TokenIds], Field(min_length=1, max_length=MAX_PROMPTS)]
+)
 
 
 class CompletionRequest(_GenerationRequest):

@@ -8,12 +8,26 @@ tools, reasoning and conversations are not supported and refused when asked.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from gateway.openai.limits import MAX_CONTENT_PARTS, MAX_MESSAGES, MAX_TOKEN_COUNT, as_list
+
 ResponseStatus = Literal["queued", "in_progress", "completed", "failed", "incomplete", "cancelled"]
 TERMINAL_RESPONSE_STATUSES: frozenset[str] = frozenset({"completed", "failed", "incomplete", "cancelled"})
+# OpenAI's bounds on metadata: 16 pairs, keys up to 64 characters, values up to 512.
+MAX_METADATA_PAIRS = 16
+_MetadataKey = Annotated[str, Field(max_length=64)]
+_MetadataValue = Annotated[str, Field(max_length=512)]
+
+
+def _text_part(text: str) -> dict[str, str]:
+    return {"type": "input_text", "text": text}
+
+
+def _user_message(text: str) -> dict[str, str]:
+    return {"role": "user", "content": text}
 
 
 class InputText(BaseModel):
@@ -28,23 +42,33 @@ class InputMessage(BaseModel):
 
     type: Literal["message"] = "message"
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[InputText]
+    # A string is read as one text part, so a bad part is reported at its own place.
+    content: Annotated[
+        list[InputText],
+        as_list(InputText, MAX_CONTENT_PARTS, "content parts", _text_part),
+    ]
 
 
 class ResponseCreateRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # inf and nan parse from JSON (1e999, NaN) but are no sampling parameter's value.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     model: str = Field(description="A model a worker serves.")
-    input: str | list[InputMessage] = Field(description="Text, or a list of messages.")
+    # A string is read as one user message, so a bad message is reported at its own place.
+    input: Annotated[
+        list[InputMessage],
+        as_list(InputMessage, MAX_MESSAGES, "messages", _user_message),
+        Field(description="Text, or a list of messages."),
+    ]
     instructions: str | None = Field(None, description="A system message put before the input.")
-    max_output_tokens: int | None = Field(None, ge=1)
+    max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKEN_COUNT)
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     stream: bool | None = None
     background: bool | None = Field(
         None, description="Answer at once (status queued) and run on; poll by id."
     )
-    metadata: dict[str, str] | None = None
+    metadata: dict[_MetadataKey, _MetadataValue] | None = Field(None, max_length=MAX_METADATA_PAIRS)
     store: bool | None = None
     tools: list[dict[str, Any]] | None = None
     previous_response_id: str | None = None

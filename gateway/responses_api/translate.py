@@ -69,13 +69,11 @@ def response_job(request: ResponseCreateRequest, request_id: str, created_at: fl
 
 def _messages(request: ResponseCreateRequest) -> list[ChatMessage]:
     messages = [ChatMessage(role="system", content=request.instructions)] if request.instructions else []
-    if isinstance(request.input, str):
-        return [*messages, ChatMessage(role="user", content=request.input)]
     return messages + [_message(item) for item in request.input]
 
 
 def _message(item: InputMessage) -> ChatMessage:
-    content = item.content if isinstance(item.content, str) else "\n".join(part.text for part in item.content)
+    content = "\n".join(part.text for part in item.content)
     return ChatMessage(role=_ROLES.get(item.role, item.role), content=content)
 
 

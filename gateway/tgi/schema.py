@@ -23,12 +23,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import MISSING, AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import MISSING, AfterValidator, BaseModel, ConfigDict, Field, WithJsonSchema
 
-from gateway.openai.fields import refuse_when, validate_stop
+from gateway.openai.fields import refuse_when
+from gateway.openai.limits import (
+    MAX_STOP_CHARS,
+    MAX_STOP_SEQUENCES,
+    MAX_TOKEN_COUNT,
+    STOP_LIST_SCHEMA,
+    validate_stop,
+)
 
-# TGI's defaults for the router flags of the same names.
-MAX_STOP_SEQUENCES = 4
+# TGI's defaults for the router flags of the same names (its max_stop_sequences is our 4 too).
 MAX_TOP_N_TOKENS = 5
 # A u64 in TGI; bounded here so any seed we accept is one every engine can take.
 MAX_SEED = 2**63 - 1
@@ -63,18 +69,24 @@ class GenerateParameters(_Request):
     temperature: float | None = Field(None, gt=0, description="Sampling temperature; implies sampling.")
     repetition_penalty: float | None = Field(None, gt=0, description="1.0 means no penalty.")
     frequency_penalty: float | None = Field(None, ge=-2, le=2, description="-2.0 to 2.0.")
-    top_k: int | None = Field(None, gt=0, description="Keep the k most likely tokens; implies sampling.")
+    top_k: int | None = Field(
+        None, gt=0, le=MAX_TOKEN_COUNT, description="Keep the k most likely tokens; implies sampling."
+    )
     top_p: float | None = Field(None, gt=0, lt=1, description="Nucleus mass in (0, 1); implies sampling.")
     typical_p: float | None = Field(None, gt=0, lt=1, description="Typical mass in (0, 1); implies sampling.")
     do_sample: bool = Field(False, description="Sample instead of greedy decoding.")
     max_new_tokens: int | None = Field(
-        None, gt=0, description="Most tokens to generate; default: all room left."
+        None, gt=0, le=MAX_TOKEN_COUNT, description="Most tokens to generate; default: all room left."
     )
     return_full_text: bool | None = Field(None, description="Prepend the inputs to generated_text.")
     stop: Annotated[
         list[str],
         AfterValidator(validate_stop),
-        Field(description=f"Up to {MAX_STOP_SEQUENCES} sequences where generation stops."),
+        WithJsonSchema(STOP_LIST_SCHEMA),
+        Field(
+            description=f"Up to {MAX_STOP_SEQUENCES} sequences ({MAX_STOP_CHARS} characters each) "
+            "where generation stops."
+        ),
     ] = []
     truncate: Annotated[
         int | None,

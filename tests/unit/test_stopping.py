@@ -1,8 +1,12 @@
 from __future__ import annotations
 
-from collections.abc import Sequence
+import itertools
+import tracemalloc
+from collections.abc import Callable, Sequence
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from worker.requests.stopping import StopMatcher, StopResult
 
@@ -113,3 +117,56 @@ def test_empty_stop_strings_are_ignored() -> None:
 
 def test_unicode_stop_sequence() -> None:
     assert feed_all(StopMatcher(["👋🏽"]), ["hé ", "👋", "🏽", " bye"]) == ("hé ", "👋🏽")
+
+
+# A small alphabet, so that stops overlap the text and each other often.
+_texts = st.text(alphabet="ab#\n", max_size=30)
+_stops = st.lists(st.text(alphabet="ab#\n", min_size=1, max_size=5), max_size=4)
+
+
+@given(text=_texts, stops=_stops, cuts=st.lists(st.integers(min_value=0, max_value=30)))
+def test_any_split_of_the_text_finds_what_the_whole_text_finds(
+    text: str, stops: list[str], cuts: list[int]
+) -> None:
+    bounds = sorted({0, len(text), *(cut for cut in cuts if cut <= len(text))})
+    pieces = [text[start:end] for start, end in itertools.pairwise(bounds)]
+
+    assert feed_all(StopMatcher(stops), pieces) == feed_all(StopMatcher(stops), [text])
+
+
+@given(text=_texts, stops=_stops)
+def test_the_released_text_ends_before_the_first_stop_to_complete(text: str, stops: list[str]) -> None:
+    released, stop = feed_all(StopMatcher(stops), list(text))
+    ends = [(text.find(s) + len(s), -len(s), s) for s in stops if s in text]
+
+    if not ends:
+        assert (released, stop) == (text, None)
+    else:
+        end, _, first = min(ends)
+        assert (released, stop) == (text[: end - len(first)], first)
+
+
+def _bytes_allocated_by(action: Callable[[], object]) -> int:
+    """Peak memory ``action`` allocates while it runs, the result it keeps included."""
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        kept = action()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del kept
+    return peak
+
+
+@pytest.mark.parametrize("stop", ["x" * 20_000, "ab" * 10_000, "é" * 20_000])
+def test_a_long_stop_costs_memory_linear_in_its_length(stop: str) -> None:
+    def match_it() -> StopMatcher:
+        matcher = StopMatcher([stop])
+        matcher.feed(stop[:-1])  # the whole stop but one character is held back
+        assert matcher.feed(stop[-1:]) == StopResult("", stop)
+        return matcher
+
+    # A few bytes per character (the stop's failure table, the held text), never the
+    # square of the length: 20,000 characters held as every prefix would be ~200 MB.
+    assert _bytes_allocated_by(match_it) < 16 * len(stop)

@@ -7,9 +7,14 @@ that is a proper prefix of some stop sequence. That held tail is either complete
 into a match by later text (and trimmed with it) or released once it can no longer
 be one (or by ``flush`` at the end of generation).
 
-Each ``feed`` scans only the held tail plus the new text. That is enough: a match
-that started before the held tail would mean a longer suffix was a prefix of a
-stop sequence, and the held tail is by construction the longest one.
+Memory is linear in the stop sequences' lengths (a stop may be thousands of
+characters long): each stop keeps its KMP failure function, an array of one int
+per character, and the matcher keeps, per stop, how many of its leading characters
+the text so far ends with (the KMP automaton's state). Feeding advances every state
+one character at a time, amortized constant time per character and stop. The held
+tail is then the longest of those states, and a stop matches when its state
+reaches its full length. Keeping every prefix in a set instead cost memory growing
+with the square of the length.
 
 Which stop wins when several match: the one that *ends* first, as if the text had
 been generated one character at a time and generation halted at the first complete
@@ -24,6 +29,7 @@ Empty strings in the stop list are ignored (they would match before any text).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -43,16 +49,41 @@ class StopResult:
 _NOTHING = StopResult("")
 
 
+class _StopAutomaton:
+    """One stop sequence and its KMP failure function: how far a match survives a mismatch."""
+
+    __slots__ = ("_failure", "length", "stop")
+
+    def __init__(self, stop: str) -> None:
+        self.stop = stop
+        self.length = len(stop)
+        # failure[i]: length of the longest proper prefix of stop[: i + 1] that is also its suffix.
+        self._failure = array("i", bytes(4 * len(stop)))
+        matched = 0
+        for index in range(1, len(stop)):
+            while matched and stop[index] != stop[matched]:
+                matched = self._failure[matched - 1]
+            if stop[index] == stop[matched]:
+                matched += 1
+            self._failure[index] = matched
+
+    def advance(self, state: int, char: str) -> int:
+        """The state after ``char`` from ``state`` (< length): how much of the stop the text ends with."""
+        while state and self.stop[state] != char:
+            state = self._failure[state - 1]
+        return state + 1 if self.stop[state] == char else state
+
+
 class StopMatcher:
     """Stateful, per-sequence: feed it each new piece of text in order."""
 
-    __slots__ = ("_held", "_is_stopped", "_max_prefix_length", "_prefixes", "_stops")
+    __slots__ = ("_automata", "_held", "_is_stopped", "_states")
 
     def __init__(self, stop_sequences: Sequence[str]) -> None:
-        self._stops: tuple[str, ...] = tuple(dict.fromkeys(s for s in stop_sequences if s))
-        # Every proper prefix of every stop: the hold-back test is then a set lookup per length.
-        self._prefixes: frozenset[str] = frozenset(s[:k] for s in self._stops for k in range(1, len(s)))
-        self._max_prefix_length = max((len(s) - 1 for s in self._stops), default=0)
+        stops = dict.fromkeys(s for s in stop_sequences if s)
+        self._automata: tuple[_StopAutomaton, ...] = tuple(_StopAutomaton(stop) for stop in stops)
+        # Per stop: how many of its leading characters the text so far ends with.
+        self._states: list[int] = [0] * len(self._automata)
         self._held = ""
         self._is_stopped = False
 
@@ -64,42 +95,36 @@ class StopMatcher:
         """Add generated text; return what can be released and the stop sequence if one completed."""
         if self._is_stopped:
             return _NOTHING
-        if not self._stops:
+        if not self._automata:
             return StopResult(text)
         pending = self._held + text
-        match = self._find_first_stop(pending)
-        if match is not None:
-            start, stop = match
-            self._held = ""
-            self._is_stopped = True
-            return StopResult(pending[:start], stop)
-        hold = self._held_length(pending)
+        # end: where in ``pending`` a stop completed by this character ends.
+        for end, char in enumerate(text, start=len(self._held) + 1):
+            stop = self._advance(char)
+            if stop is not None:
+                self._held = ""
+                self._is_stopped = True
+                return StopResult(pending[: end - len(stop)], stop)
+        hold = max(self._states)
         self._held = pending[len(pending) - hold :]
         return StopResult(pending[: len(pending) - hold])
 
     def flush(self) -> str:
         """Release the held tail at the end of generation (it never became a stop sequence)."""
         released, self._held = self._held, ""
+        self._states = [0] * len(self._automata)
         return released
 
-    def _find_first_stop(self, text: str) -> tuple[int, str] | None:
-        """Earliest-ending match in ``text`` (longest on ties), as (start index, stop sequence)."""
-        best: tuple[int, int, str] | None = None  # (end, -length, stop) sorts the way we choose
-        for stop in self._stops:
-            start = text.find(stop)
-            if start < 0:
-                continue
-            candidate = (start + len(stop), -len(stop), stop)
-            if best is None or candidate < best:
-                best = candidate
-        if best is None:
-            return None
-        end, _, stop = best
-        return end - len(stop), stop
+    def _advance(self, char: str) -> str | None:
+        """Step every stop's state over ``char``; the longest stop it completes, if any.
 
-    def _held_length(self, text: str) -> int:
-        """Length of the longest suffix of ``text`` that is a proper prefix of a stop sequence."""
-        for length in range(min(len(text), self._max_prefix_length), 0, -1):
-            if text[-length:] in self._prefixes:
-                return length
-        return 0
+        Checking after each character is what makes the earliest-ending stop win;
+        among stops completed by the same character, the longest starts earliest.
+        """
+        completed: _StopAutomaton | None = None
+        for index, automaton in enumerate(self._automata):
+            state = automaton.advance(self._states[index], char)
+            self._states[index] = state
+            if state == automaton.length and (completed is None or state > completed.length):
+                completed = automaton
+        return None if completed is None else completed.stop
