@@ -18,7 +18,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ValidationError
 
-from gateway.batches.lines import InvalidBatchFile, parse_input
+from gateway.batches.input_check import FileCheck, InvalidBatchFile
+from gateway.batches.lines import LineRules
 from gateway.http.errors import validation_error
 from gateway.openai import translate
 from gateway.openai.limits import (
@@ -204,8 +205,10 @@ def test_a_batch_line_gets_the_same_bounds_as_an_interactive_request() -> None:
         for number, fields in enumerate(bad)
     ]
 
+    check = FileCheck(LineRules("/v1/chat/completions", max_n=16, max_tokens_limit=None))
+    check.feed(b"\n".join(lines), 0)
     with pytest.raises(InvalidBatchFile) as raised:
-        parse_input(b"\n".join(lines), "/v1/chat/completions", None)
+        check.finish()
 
     refused = [(error.line, error.param) for error in raised.value.errors]
     # A line names the field inside its body.
