@@ -10,10 +10,14 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
+from arq.connections import ArqRedis
+from arq.worker import Worker, func
 from redis.asyncio import Redis
 
 from gateway.http.app import create_app
 from shared import keys
+from shared.codec import deserialize_arq_job, serialize_arq_job
+from shared.jobs import jobqueue
 from shared.jobs.streams import EventReader
 from shared.protocol import TokenEvent
 from shared.settings import GatewaySettings, WorkerSettings
@@ -102,3 +106,44 @@ async def all_events(redis: Redis, request_id: str, timeout_s: float = 60) -> li
     """Every event of ``request_id`` through its terminal one."""
     reader = EventReader(redis)
     return [item.event async for item in reader.read(request_id, deadline=time.monotonic() + timeout_s)]
+
+
+def bearer(secret: str) -> dict[str, str]:
+    """The Authorization header of an API key."""
+    return {"authorization": f"Bearer {secret}"}
+
+
+@contextlib.asynccontextmanager
+async def gateway_only(redis_url: str, **settings: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """The real app and lifespan, no worker; httpx's ASGI transport pulls the body only when the app reads."""
+    app = create_app(GatewaySettings(redis_url=redis_url, auth_cache_s=0, **settings))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
+            yield client
+
+
+@contextlib.asynccontextmanager
+async def arq_stand_in(pool: ArqRedis, generate: Any, model: str, **options: Any) -> AsyncIterator[None]:
+    """A bare arq worker running ``generate`` as the generate job of ``model``'s queue; closes ``pool``."""
+    worker = Worker(
+        functions=[func(generate, name=jobqueue.GENERATE_FUNCTION)],
+        queue_name=keys.queue(model),
+        redis_pool=pool,
+        poll_delay=0.01,
+        handle_signals=False,
+        keep_result=0,
+        job_serializer=serialize_arq_job,
+        job_deserializer=deserialize_arq_job,
+        **options,
+    )
+    task = asyncio.create_task(worker.async_run())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if worker.tasks:  # let finished or aborted jobs record their end; close() would cancel them mid-way
+            await asyncio.wait(worker.tasks.values(), timeout=2)
+        await worker.close()

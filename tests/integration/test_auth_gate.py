@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
-from typing import Any
 
 import httpx
 from dirty_equals import IsStr
 from redis.asyncio import Redis
 
-from gateway.http.app import create_app
 from shared.access import apikeys
-from shared.settings import GatewaySettings
+from tests.helpers import bearer, gateway_only
 
 KEY = "user-secret"
 ADMIN = "admin-secret"
 CHUNK = b"x" * (1024 * 1024)
 UPLOAD_CHUNKS = 55  # the 55 MB upload of the review
-
-
-def bearer(secret: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {secret}"}
-
-
-@contextlib.asynccontextmanager
-async def gateway(redis_url: str, **settings: Any) -> AsyncIterator[httpx.AsyncClient]:
-    """The real app and lifespan, no worker; httpx's ASGI transport pulls the body only when the app reads."""
-    app = create_app(GatewaySettings(redis_url=redis_url, auth_cache_s=0, **settings))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
-            yield client
 
 
 class CountedBody:
@@ -56,7 +39,7 @@ async def test_an_upload_without_a_valid_key_is_refused_before_its_body_is_read(
     redis: Redis, redis_url: str
 ) -> None:
     anonymous, wrong, keyed = (CountedBody(UPLOAD_CHUNKS) for _ in range(3))
-    async with gateway(redis_url, api_keys=[KEY], max_file_bytes=1024 * 1024) as client:
+    async with gateway_only(redis_url, api_keys=[KEY], max_file_bytes=1024 * 1024) as client:
         no_key = await upload(client, anonymous, {})
         bad_key = await upload(client, wrong, bearer("tf-not-a-key"))
         too_large = await upload(client, keyed, bearer(KEY))
@@ -80,7 +63,7 @@ async def test_every_guarded_route_refuses_before_reading_its_body_in_its_own_er
 ) -> None:
     paths = ("/v1/chat/completions", "/generate", "/admin/keys", "/nowhere")
     bodies = {path: CountedBody(4) for path in paths}
-    async with gateway(redis_url, api_keys=[KEY]) as client:
+    async with gateway_only(redis_url, api_keys=[KEY]) as client:
         answers = {
             path: await client.post(path, content=body, headers={"content-type": "application/json"})
             for path, body in bodies.items()
@@ -95,7 +78,7 @@ async def test_every_guarded_route_refuses_before_reading_its_body_in_its_own_er
 async def test_open_routes_stay_open_and_a_keyed_caller_is_authenticated_once(
     redis: Redis, redis_url: str
 ) -> None:
-    async with gateway(redis_url, api_keys=[KEY]) as client:
+    async with gateway_only(redis_url, api_keys=[KEY]) as client:
         open_routes = {path: await client.get(path) for path in ("/health", "/version", "/metrics")}
         ready = await client.get("/ready")
         keyed = await client.get("/v1/models", headers=bearer(KEY))
@@ -110,10 +93,10 @@ async def test_open_routes_stay_open_and_a_keyed_caller_is_authenticated_once(
 
 async def test_the_api_docs_need_a_key_unless_a_setting_opens_them(redis: Redis, redis_url: str) -> None:
     docs = ("/openapi.json", "/docs", "/redoc")
-    async with gateway(redis_url, api_keys=[KEY]) as client:
+    async with gateway_only(redis_url, api_keys=[KEY]) as client:
         closed = {path: (await client.get(path)).status_code for path in docs}
         keyed = {path: (await client.get(path, headers=bearer(KEY))).status_code for path in docs}
-    async with gateway(redis_url, api_keys=[KEY], docs_require_key=False) as client:
+    async with gateway_only(redis_url, api_keys=[KEY], docs_require_key=False) as client:
         opened = {path: (await client.get(path)).status_code for path in docs}
         api_still_closed = await client.get("/v1/models")
 
@@ -127,7 +110,7 @@ async def test_an_admin_creates_keys_only_in_its_own_tenant_or_a_new_one(
 ) -> None:
     alice = await apikeys.create_key(redis, "alice")
     admin = await apikeys.create_key(redis, "ops", is_admin=True)
-    async with gateway(redis_url) as client:
+    async with gateway_only(redis_url) as client:
         inside_alice = await client.post(
             "/admin/keys", json={"name": "spy", "tenant": alice.record.tenant}, headers=bearer(admin.secret)
         )

@@ -20,7 +20,6 @@ import openai
 import pytest
 from arq.connections import ArqRedis
 from arq.constants import abort_jobs_ss
-from arq.worker import Worker, func
 from dirty_equals import IsInt, IsStr
 from fastapi import FastAPI
 from redis.asyncio import Redis
@@ -28,7 +27,7 @@ from starlette.types import Message
 
 from gateway.http.app import create_app
 from shared import keys, registry
-from shared.codec import decode_job, deserialize_arq_job, serialize_arq_job
+from shared.codec import decode_job
 from shared.errors import ContextLengthExceeded, WorkerFailed
 from shared.jobs import jobqueue
 from shared.jobs.streams import EventWriter
@@ -36,6 +35,7 @@ from shared.protocol import Accepted, Delta, Failed, Finished, FinishReason, Gen
 from shared.redis_server import EmbeddedRedis
 from shared.registry import WorkerInfo
 from shared.settings import GatewaySettings
+from tests.helpers import arq_stand_in
 
 MODEL = "scripted-model"
 BASE_URL = "http://gateway"
@@ -110,27 +110,8 @@ async def announce(
 async def running_worker(redis_url: str, stand_in: StandInWorker, model: str = MODEL) -> AsyncIterator[None]:
     pool: ArqRedis = await jobqueue.open_pool(redis_url)
     await announce(pool, model)
-    worker = Worker(
-        functions=[func(stand_in.generate, name=jobqueue.GENERATE_FUNCTION)],
-        queue_name=keys.queue(model),
-        redis_pool=pool,
-        poll_delay=0.01,
-        handle_signals=False,
-        allow_abort_jobs=True,
-        keep_result=0,
-        job_serializer=serialize_arq_job,
-        job_deserializer=deserialize_arq_job,
-    )
-    task = asyncio.create_task(worker.async_run())
-    try:
+    async with arq_stand_in(pool, stand_in.generate, model, allow_abort_jobs=True):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        if worker.tasks:  # let aborted jobs record their end; close() would cancel them mid-way
-            await asyncio.wait(worker.tasks.values(), timeout=2)
-        await worker.close()  # also closes `pool`
 
 
 @contextlib.asynccontextmanager

@@ -9,15 +9,15 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from arq.worker import Worker, func
 from redis.asyncio import Redis
 
 from shared import keys
-from shared.codec import decode_job, deserialize_arq_job, serialize_arq_job
+from shared.codec import decode_job
 from shared.jobs import jobqueue
 from shared.jobs.stream_mux import READER_CLIENT_NAME
 from shared.jobs.streams import EventWriter
 from shared.protocol import Accepted, Delta, Finished, FinishReason, Usage
+from tests.helpers import arq_stand_in
 from tests.integration.test_gateway import (
     MODEL,
     StandInWorker,
@@ -62,27 +62,8 @@ class HeldStreams:
 async def held_worker(redis_url: str, stand_in: HeldStreams) -> AsyncIterator[None]:
     pool = await jobqueue.open_pool(redis_url)
     await announce(pool)
-    worker = Worker(
-        functions=[func(stand_in.generate, name=jobqueue.GENERATE_FUNCTION)],
-        queue_name=keys.queue(MODEL),
-        redis_pool=pool,
-        max_jobs=STREAMS * 2,
-        poll_delay=0.01,
-        handle_signals=False,
-        keep_result=0,
-        job_serializer=serialize_arq_job,
-        job_deserializer=deserialize_arq_job,
-    )
-    task = asyncio.create_task(worker.async_run())
-    try:
+    async with arq_stand_in(pool, stand_in.generate, MODEL, max_jobs=STREAMS * 2):
         yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-        if worker.tasks:  # let finished jobs record their end; close() would cancel them mid-way
-            await asyncio.wait(worker.tasks.values(), timeout=2)
-        await worker.close()
 
 
 async def until_queued(redis: Redis) -> None:

@@ -18,7 +18,7 @@ import httpx
 from redis.asyncio import Redis
 
 from shared.settings import WorkerSettings
-from tests.helpers import FAKE_MODEL, parse_sse, running_stack
+from tests.helpers import FAKE_MODEL, bearer, parse_sse, running_stack
 
 KEY_A = "sk-tenant-a-0123456789"
 KEY_B = "sk-tenant-b-0123456789"
@@ -26,10 +26,6 @@ SCRIPT = WorkerSettings.model_fields["fake_script"].default
 MAX_TOKENS = 24
 GOOD_STREAMS = 6
 BATCH_TIMEOUT_S = 90.0
-
-
-def _headers(key: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {key}"}
 
 
 def _chat(content: str = "Hi", **extra: Any) -> dict[str, Any]:
@@ -56,7 +52,7 @@ BAD_REQUESTS: list[tuple[str, str]] = [
 
 async def _good_stream(client: httpx.AsyncClient, index: int) -> tuple[str, str | None]:
     body = _chat(f"stream {index}", stream=True)
-    response = await client.post("/v1/chat/completions", json=body, headers=_headers(KEY_A))
+    response = await client.post("/v1/chat/completions", json=body, headers=bearer(KEY_A))
     assert response.status_code == 200, response.text
     chunks = [chunk for chunk in parse_sse(response.text) if isinstance(chunk, dict)]
     text = "".join(choice["delta"].get("content") or "" for chunk in chunks for choice in chunk["choices"])
@@ -67,7 +63,7 @@ async def _good_stream(client: httpx.AsyncClient, index: int) -> tuple[str, str 
 
 
 async def _bad_request(client: httpx.AsyncClient, route: str, body: str) -> httpx.Response:
-    headers = _headers(KEY_B) | {"content-type": "application/json"}
+    headers = bearer(KEY_B) | {"content-type": "application/json"}
     return await client.post(route, content=body, headers=headers)
 
 
@@ -77,7 +73,7 @@ async def _submit_batch(client: httpx.AsyncClient, key: str, lines: list[dict[st
         "/v1/files",
         files={"file": ("input.jsonl", content, "application/jsonl")},
         data={"purpose": "batch"},
-        headers=_headers(key),
+        headers=bearer(key),
     )
     assert upload.status_code == 200, upload.text
     created = await client.post(
@@ -87,7 +83,7 @@ async def _submit_batch(client: httpx.AsyncClient, key: str, lines: list[dict[st
             "endpoint": "/v1/chat/completions",
             "completion_window": "24h",
         },
-        headers=_headers(key),
+        headers=bearer(key),
     )
     assert created.status_code == 200, created.text
     return str(created.json()["id"])
@@ -100,7 +96,7 @@ def _line(custom_id: str, **body: Any) -> dict[str, Any]:
 async def _finished_batch(client: httpx.AsyncClient, key: str, batch_id: str) -> dict[str, Any]:
     async with asyncio.timeout(BATCH_TIMEOUT_S):
         while True:
-            batch = (await client.get(f"/v1/batches/{batch_id}", headers=_headers(key))).json()
+            batch = (await client.get(f"/v1/batches/{batch_id}", headers=bearer(key))).json()
             if batch["status"] in {"completed", "failed", "expired", "cancelled"}:
                 return dict(batch)
             await asyncio.sleep(0.1)
@@ -109,7 +105,7 @@ async def _finished_batch(client: httpx.AsyncClient, key: str, batch_id: str) ->
 async def _file_lines(client: httpx.AsyncClient, key: str, file_id: str | None) -> list[dict[str, Any]]:
     if file_id is None:
         return []
-    content = await client.get(f"/v1/files/{file_id}/content", headers=_headers(key))
+    content = await client.get(f"/v1/files/{file_id}/content", headers=bearer(key))
     return [json.loads(line) for line in content.text.splitlines() if line]
 
 

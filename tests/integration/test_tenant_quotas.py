@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
 
 import httpx
 import pytest
@@ -15,29 +13,15 @@ from redis.asyncio import Redis
 
 from gateway.access.auth import Principal
 from gateway.access.stream_slots import StreamSlots
-from gateway.http.app import create_app
 from shared import keys
 from shared.access import apikeys
 from shared.errors import InvalidRequest, QuotaExceeded
 from shared.redis_server import free_port
-from shared.settings import GatewaySettings
+from tests.helpers import bearer, gateway_only
 from tests.processes import StreamReader, chat_text, parse_sse, serving, spawn_cli
 
 CHAT = "/v1/chat/completions"
 QUOTA_ERROR = {"message": IsStr(), "type": "rate_limit_error", "param": None, "code": "quota_exceeded"}
-
-
-def bearer(secret: str) -> dict[str, str]:
-    return {"authorization": f"Bearer {secret}"}
-
-
-@contextlib.asynccontextmanager
-async def gateway(redis_url: str, **settings: Any) -> AsyncIterator[httpx.AsyncClient]:
-    app = create_app(GatewaySettings(redis_url=redis_url, auth_cache_s=0, **settings))
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://gateway", timeout=30) as client:
-            yield client
 
 
 async def upload(client: httpx.AsyncClient, secret: str, size: int) -> httpx.Response:
@@ -57,7 +41,7 @@ async def until(condition: Callable[[], Awaitable[bool]], timeout_s: float = 10.
 async def test_stored_files_are_capped_per_tenant_by_count_and_by_bytes(redis: Redis, redis_url: str) -> None:
     alice = (await apikeys.create_key(redis, "alice")).secret
     bob = (await apikeys.create_key(redis, "bob")).secret
-    async with gateway(redis_url, max_files_per_tenant=2, max_file_bytes_per_tenant=100) as client:
+    async with gateway_only(redis_url, max_files_per_tenant=2, max_file_bytes_per_tenant=100) as client:
         first, second = await upload(client, alice, 40), await upload(client, alice, 40)
         third = await upload(client, alice, 10)
         other_tenant = await upload(client, bob, 40)
@@ -77,7 +61,7 @@ async def test_stored_files_are_capped_per_tenant_by_count_and_by_bytes(redis: R
 
 async def test_a_tenants_file_count_lapses_with_its_files(redis: Redis, redis_url: str) -> None:
     alice = await apikeys.create_key(redis, "alice")
-    async with gateway(redis_url, max_files_per_tenant=1, result_retention_s=1) as client:
+    async with gateway_only(redis_url, max_files_per_tenant=1, result_retention_s=1) as client:
         kept = await upload(client, alice.secret, 10)
         refused = await upload(client, alice.secret, 10)
         usage_ttl = await redis.ttl(keys.files_usage(alice.record.tenant))
