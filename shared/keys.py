@@ -57,7 +57,7 @@
 The ``arq:`` keys are arq's own: arq names them, and they are spelled here (``ARQ_*``,
 equal to ``arq.constants``, which a unit test checks) for the code that reproduces
 arq's layout without arq: the enqueue script and the clean-up of dead attempts
-(``shared/jobs/jobqueue.py``) and the claim script (``worker/queue/consumer.py``).
+(``shared/jobs/jobqueue.py``) and the claim script (``worker/queue/claims.py``).
 arq itself is imported only by ``shared/jobs/arq_seam.py``. A job id is a request id,
 or one of its attempts' (``attempt_job_id``).
 """

@@ -47,7 +47,7 @@ What the project does instead of arq:
 - **Wake-ups instead of polling**: the worker sleeps until a message on
   ``keys.wake(model)`` or ``keys.ABORTS_CHANNEL``, polling only as a safety net
   (``QueueWorker.main``, which repeats arq's start-up lines around its own loop).
-- **The claim script instead of arq's pick** (``worker/queue/consumer.py``): one round
+- **The claim script instead of arq's pick** (``worker/queue/claims.py``): one round
   trip claims due jobs as arq claims them, instead of several per job, and sees past
   arq's read limit; **the enqueue script instead of ``enqueue_job``**
   (``shared/jobs/jobqueue.py``): one round trip with the wake-up and the job's place

@@ -6,16 +6,16 @@ engine is touched only between steps: job coroutines put adds and aborts in an
 inbox that the loop applies before the next step, so no lock is needed and the
 engine stays single-threaded. A step's events go to Redis in one round trip per lane,
 and a request's coroutine is released only after its terminal event is stored.
-A request with n choices runs as n engine sequences (``worker/requests/choices.py``); the
-driver maps each engine id back to its request and choice. What happens to a job
-before it reaches the engine (claiming, first events, resume) and when it is given
-back is ``worker/driver/lifecycle.py``'s; the driver publishes fenced by the job's owner,
-so a job taken over elsewhere is dropped here at its next step. Batch-lane jobs'
-events are held and published merged (``worker/driver/held_events.py``): nobody reads
-them token by token.
+Which engine sequence belongs to which request and choice, and turning a step's
+updates into events (batch-lane ones held and published merged), is
+``worker/driver/routing.py``'s; it runs on the loop too, and the sequences it ends
+go through the inbox. What happens to a job before it reaches the engine (claiming,
+first events, resume) and when it is given back is ``worker/driver/lifecycle.py``'s;
+the driver publishes fenced by the job's owner, so a job taken over elsewhere is
+dropped here at its next step.
 
-A sequence the engine could not run (a ``failed`` update) fails its request alone,
-with a fixed message; only a step that raises fails every request (``_fail_all``).
+A sequence the engine could not run fails its request alone (``routing.py``); only
+a step that raises fails every request (``_fail_all``).
 """
 
 from __future__ import annotations
@@ -32,19 +32,16 @@ from redis.exceptions import RedisError
 from shared.errors import WorkerFailed
 from shared.jobs.streams import EventWriter
 from shared.keys import Lane
-from shared.logs import request_context
 from shared.protocol import Failed, GenerationJob, TokenEvent
 from worker.driver.held_events import HeldEvents
 from worker.driver.interactive_starts import InteractiveStarts
 from worker.driver.lifecycle import JobLifecycle
+from worker.driver.routing import MODEL_FAILED, RequestRouter
 from worker.engine import Engine, EngineRequest, SequenceUpdate, failed_update
 from worker.metrics import WorkerMetrics
 from worker.queue.backoff import outage_delay
-from worker.requests.choices import RequestChoices
 
 logger = logging.getLogger(__name__)
-
-MODEL_FAILED = "the model failed while generating this request"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,15 +57,6 @@ class DriverTuning:
 
 
 DEFAULT_TUNING = DriverTuning()
-
-
-@dataclass
-class _Active:
-    job: GenerationJob
-    owner: str  # the owner token its events are fenced with
-    choices: RequestChoices
-    engine_ids: tuple[str, ...]  # choice i runs in the engine as engine_ids[i]
-    done: asyncio.Future[None]
 
 
 class EngineDriver:
@@ -90,21 +78,20 @@ class EngineDriver:
         self._engine = engine
         self._writer = writer
         self._model = model
-        self._active: dict[str, _Active] = {}
-        self._choice_of: dict[str, tuple[str, int]] = {}  # engine id -> (request id, choice index)
         self._inbox: list[EngineRequest | str] = []  # a request to add, or an id to abort
-        self._held = HeldEvents(batch_hold_s)  # batch-lane events, published merged
         self._starts = InteractiveStarts()  # interactive requests without their first token yet
+        # the requests in the engine; their batch-lane events held and published merged
+        self._requests = RequestRouter(self._post, self._starts, HeldEvents(batch_hold_s))
         self._deferred: list[list[SequenceUpdate]] = []  # batch-lane steps not routed yet, oldest first
         self._wake = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
 
     @property
     def active_count(self) -> int:
-        return len(self._active)
+        return len(self._requests)
 
     def active_in_lane(self, lane: str) -> int:
-        return sum(1 for active in self._active.values() if active.job.lane == lane)
+        return self._requests.in_lane(lane)
 
     @property
     def is_starting_interactive(self) -> bool:
@@ -130,33 +117,13 @@ class EngineDriver:
             return
         if job.attempt == 0:
             self.metrics.observe_acceptance(job, started.prompt_tokens)
-        loop = asyncio.get_running_loop()
-        active = _Active(
-            job, self._lifecycle.owner(job), started.choices, started.engine_ids, loop.create_future()
-        )
-        self._active[job.request_id] = active
-        index_of = {engine_id: index for index, engine_id in enumerate(started.engine_ids)}
-        for request in started.to_run:
-            self._choice_of[request.request_id] = (job.request_id, index_of[request.request_id])
-            self._post(request)
+        done = self._requests.add(started, self._lifecycle.owner(job))
         self._starts.arrived(job.request_id)
         try:
-            await active.done
+            await done
         except asyncio.CancelledError:
-            self._forget(job.request_id)
+            self._requests.forget(job.request_id)
             raise
-
-    def _forget(self, request_id: str, *, release: bool = False) -> None:
-        """Take ``request_id`` out of the engine; ``release`` also lets its ``run`` return."""
-        active = self._active.pop(request_id, None)
-        if active is None:
-            return
-        self._held.drop(request_id)
-        for engine_id in active.engine_ids:
-            if self._choice_of.pop(engine_id, None) is not None:
-                self._post(engine_id)
-        if release and not active.done.done():
-            active.done.set_result(None)
 
     def _post(self, item: EngineRequest | str) -> None:
         self._inbox.append(item)
@@ -185,7 +152,9 @@ class EngineDriver:
         loop = asyncio.get_running_loop()
         while True:
             await self._wake.wait()
-            if self._starts.awaits_a_step() and not self._starts.any_decoding(self._interactive_ids()):
+            if self._starts.awaits_a_step() and not self._starts.any_decoding(
+                self._requests.interactive_ids()
+            ):
                 await self._starts.arrivals(self._tuning.arrival_wait_s)
             await self._route_and_publish(self._apply_inbox())
             self.metrics.observe_engine(self._engine.stats())
@@ -201,7 +170,7 @@ class EngineDriver:
                 await self._fail_all()
                 continue
             self.metrics.observe_step(time.perf_counter() - started, updates)
-            interactive, batch = self._by_lane(updates)
+            interactive, batch = self._requests.by_lane(updates)
             await self._route_and_publish(interactive)
             if batch:
                 self._deferred.append(batch)
@@ -216,26 +185,10 @@ class EngineDriver:
     async def _route_and_publish(self, updates: list[SequenceUpdate]) -> None:
         if not updates:
             return
-        finished, events = self._route(updates)
+        finished, events = self._requests.route(updates)
         await self._publish(events)
         for request_id in finished:
-            self._release(request_id)
-
-    def _interactive_ids(self) -> list[str]:
-        return [
-            request_id for request_id, active in self._active.items() if active.job.lane != Lane.BATCH.value
-        ]
-
-    def _by_lane(self, updates: list[SequenceUpdate]) -> tuple[list[SequenceUpdate], list[SequenceUpdate]]:
-        """The step's updates of interactive requests, and those of the batch lane."""
-        interactive: list[SequenceUpdate] = []
-        batch: list[SequenceUpdate] = []
-        for update in updates:
-            request_id, _ = self._choice_of.get(update.request_id, ("", 0))
-            active = self._active.get(request_id)
-            is_batch = active is not None and active.job.lane == Lane.BATCH.value
-            (batch if is_batch else interactive).append(update)
-        return interactive, batch
+            self._requests.release(request_id)
 
     def _apply_inbox(self) -> list[SequenceUpdate]:
         """Apply the queued adds and aborts; a ``failed`` update for each request the engine refused."""
@@ -252,47 +205,9 @@ class EngineDriver:
                 refused.append(failed_update(item.request_id))
         return refused
 
-    def _route(self, updates: list[SequenceUpdate]) -> tuple[list[str], list[tuple[str, TokenEvent]]]:
-        finished: list[str] = []
-        events: list[tuple[str, TokenEvent]] = []
-        for update in updates:
-            request_id, index = self._choice_of.get(update.request_id, ("", 0))
-            active = self._active.get(request_id)
-            if active is None:
-                continue  # aborted while the step ran
-            if update.failed:
-                events.append((request_id, self._failure(request_id, active)))
-                finished.append(request_id)
-                continue
-            with request_context(request_id):
-                produced = active.choices.consume(index, update)
-            if produced:
-                self._starts.started(request_id)
-            if active.job.lane == Lane.BATCH.value:
-                events.extend((request_id, event) for event in self._held.take(request_id, produced))
-            else:
-                events.extend((request_id, event) for event in produced)
-            if any(event.type == "choice_finished" for event in produced):
-                del self._choice_of[update.request_id]
-                if not update.is_finished:
-                    self._post(update.request_id)  # a stop sequence ended it; the engine drops it next step
-            if produced and produced[-1].type == "finished":
-                finished.append(request_id)
-        events.extend(self._held.due())
-        return finished, events
-
-    def _failure(self, request_id: str, active: _Active) -> Failed:
-        """End a request one of whose sequences failed: its other choices leave the engine."""
-        logger.warning("request %s failed in the engine; the other requests go on", request_id)
-        self._held.drop(request_id)
-        for engine_id in active.engine_ids:
-            if self._choice_of.pop(engine_id, None) is not None:
-                self._post(engine_id)
-        return Failed(error=WorkerFailed(MODEL_FAILED).to_info())
-
     async def _publish(self, events: list[tuple[str, TokenEvent]]) -> None:
         """Publish one step's events, retrying through short Redis outages so nothing is lost."""
-        owners = {request_id: self._active[request_id].owner for request_id, _ in events}
+        owners = self._requests.owners(events)
         attempt = 0
         while True:
             try:
@@ -310,26 +225,17 @@ class EngineDriver:
         """Stop jobs another worker took over (our lease lapsed): their stream is no longer ours."""
         for request_id in request_ids:
             logger.warning("lost request %s to a takeover; dropping it here", request_id)
-            self._forget(request_id, release=True)
-
-    def _release(self, request_id: str) -> None:
-        self._held.drop(request_id)
-        active = self._active.pop(request_id, None)
-        for engine_id in active.engine_ids if active is not None else ():
-            self._choice_of.pop(engine_id, None)
-        if active is not None and not active.done.done():
-            active.done.set_result(None)
+            self._requests.forget(request_id, release=True)
 
     async def _fail_all(self) -> None:
         failure = Failed(error=WorkerFailed(MODEL_FAILED).to_info())
-        request_ids = list(self._active)
+        request_ids = self._requests.request_ids()
         for request_id in request_ids:
-            self._held.drop(request_id)
-            for engine_id in self._active[request_id].engine_ids:
+            for engine_id in self._requests.abandon(request_id):
                 self._engine.abort(engine_id)
         await self._publish([(request_id, failure) for request_id in request_ids])
         for request_id in request_ids:
-            self._release(request_id)
+            self._requests.release(request_id)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

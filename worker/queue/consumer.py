@@ -21,17 +21,9 @@ arq is reached only through ``shared/jobs/arq_seam.py``, which lists the parts o
    finish for up to ``drain_grace_s``, then shuts down; jobs still running then are
    cancelled, which hands them over to another worker (``worker/queue/jobs.py``). A second
    signal shuts down at once (with the same handover).
-4. **One-trip polls.** arq keeps running jobs in the queue's sorted set and, at every
-   poll, checks each one it reads with three round trips (WATCH, EXISTS, ZSCORE)
-   before skipping it, then claims a free one with a fourth; it also reads only
-   ``queue_read_limit`` ids, oldest first. With 32 sequences running, a poll every
-   50 ms cost ~100 round trips on the event loop the engine shares (measured: 31
-   concurrent requests reached the engine ~1 s after the first), and with more
-   jobs running across workers than the read limit, a new job was never seen at
-   all. Here a poll is one script (``_CLAIM``): it reads a wide window, skips
-   jobs running anywhere, and claims as many free ones as this poll may start,
-   each exactly as arq claims it (its in-progress key), so arq runs them unchanged.
-   A wake-up to start a job thus costs one round trip, not five.
+4. **One-trip polls.** A poll claims as many due jobs as it may start in one
+   script, as arq claims them, instead of several round trips per job
+   (``worker/queue/claims.py``, which documents why).
 5. **Lanes.** One worker per lane queue: the interactive one takes every job it
    can; a batch-lane companion (same process, same engine) is gated by ``room``,
    which says how many batch jobs fit in the engine's spare capacity right now.
@@ -44,7 +36,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -54,28 +45,9 @@ from shared import keys
 from shared.jobs.aborts import recent_aborts
 from shared.jobs.arq_seam import Worker, create_pool, log_redis_info
 from worker.queue.backoff import outage_delay
+from worker.queue.claims import READ_WINDOW, claim_due_jobs
 
 logger = logging.getLogger(__name__)
-
-# Queue ids read per poll: must exceed the jobs running across all workers of a lane,
-# which stay in the queue's sorted set until they finish.
-_READ_WINDOW = 2048
-# Claims up to ARGV[3] due jobs of queue KEYS[1] (oldest first) that no worker runs: arq's
-# claim, an in-progress key (prefix ARGV[5]) living ARGV[2] ms. Returns id, score, id, score...
-# ARGV[1] is now (ms), ARGV[4] the read window.
-_CLAIM = """
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'WITHSCORES', 'LIMIT', 0, ARGV[4])
-local wanted = tonumber(ARGV[3]) * 2
-local claimed = {}
-for i = 1, #due, 2 do
-    if #claimed >= wanted then break end
-    if redis.call('SET', ARGV[5] .. due[i], '1', 'NX', 'PX', ARGV[2]) then
-        claimed[#claimed + 1] = due[i]
-        claimed[#claimed + 1] = due[i + 1]
-    end
-end
-return claimed
-"""
 
 
 class QueueWorker(Worker):
@@ -91,7 +63,7 @@ class QueueWorker(Worker):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, handle_signals=False, **kwargs)
-        self.queue_read_limit = _READ_WINDOW
+        self.queue_read_limit = READ_WINDOW
         self._picks = self.max_jobs  # how many new jobs this poll may start (``room`` for a gated lane)
         self._wake_channel = wake_channel
         self._lane = lane.value.encode()
@@ -206,22 +178,14 @@ class QueueWorker(Worker):
         await self.heart_beat()
 
     async def _claim_and_start(self, wanted: int) -> None:
-        claimed: list[bytes] = await self.pool.eval(  # type: ignore[misc]
-            _CLAIM,
-            1,
-            self.queue_name,
-            str(int(time.time() * 1000)),
-            str(int(self.in_progress_timeout_s * 1000)),
-            str(wanted),
-            str(self.queue_read_limit),
-            keys.ARQ_IN_PROGRESS_PREFIX,
+        claimed = await claim_due_jobs(
+            self.pool, self.queue_name, wanted, self.in_progress_timeout_s, self.queue_read_limit
         )
-        for job_id_bytes, score in zip(claimed[::2], claimed[1::2], strict=True):
+        for job_id, score in claimed:
             # arq's bookkeeping for a started job, as its start_jobs does it.
             await self.sem.acquire()
             self.job_counter += 1
-            job_id = job_id_bytes.decode()
-            task = self.loop.create_task(self.run_job(job_id, int(float(score))))
+            task = self.loop.create_task(self.run_job(job_id, score))
             task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
             task.add_done_callback(lambda _: self._slot_freed())
             self.tasks[job_id] = task
