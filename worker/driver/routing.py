@@ -32,8 +32,7 @@ from worker.driver.lifecycle import StartedJob
 from worker.engine import EngineRequest, SequenceUpdate
 from worker.requests.choices import RequestChoices
 
-# The driver's logger, so the lines moved here keep the name they were logged under.
-logger = logging.getLogger("worker.driver.engine_driver")
+logger = logging.getLogger(__name__)
 
 MODEL_FAILED = "the model failed while generating this request"
 
