@@ -40,6 +40,8 @@
 |                              |        |         |                 | when the runner finds it expired      |
 | tf:lease:{kind}:{id}         | string | runner  | runner          | RUNNER_LEASE_S, renewed while held    |
 | tf:failures:{kind}:{id}      | string | runner  | runner          | RUNNER_FAILURES_TTL_S; gone at success |
+| tf:metrics:queue-depth-lease | string | gateway | gateway         | QUEUE_DEPTH_LEASE_S (gateway/ops/     |
+|                              |        |         |                 | queue_depth.py), renewed at scrapes   |
 | tf:response:{response_id}    | hash   | gateway | gateway, runner | window + retention; retention at end  |
 | arq:job:{job_id}             | string | both    | worker (arq)    | arq's expiry; deleted when it ends    |
 | arq:in-progress:{job_id}     | string | worker  | worker, reaper  | job timeout + 10 s; deleted at end    |
@@ -238,6 +240,11 @@ def active(kind: str) -> str:
 
 def runner_lease(kind: str, resource_id: str) -> str:
     return f"{PREFIX}lease:{kind}:{resource_id}"
+
+
+def queue_depth_lease() -> str:
+    """Held by the one gateway that exports ``tokenferry_queue_depth`` (its token as the value)."""
+    return f"{PREFIX}metrics:queue-depth-lease"
 
 
 def runner_failures(kind: str, resource_id: str) -> str:

@@ -1,7 +1,7 @@
 """Owns the worker's Prometheus metrics and its load summary for the heartbeat.
 
 The driver feeds it between engine steps (``observe_engine``, ``observe_step``,
-``observe_acceptance``); nothing here runs inside the engine step itself, so the
+``observe_acceptance``, ``observe_outcomes``); nothing here runs inside the engine step itself, so the
 compute thread never touches prometheus_client. Each worker builds its own
 ``CollectorRegistry`` (several in-process workers in tests never collide), and
 serves it on ``--metrics-port`` with prometheus_client's threaded HTTP server.
@@ -10,6 +10,17 @@ Intentional divergence: the metrics port is off by default. A host often runs
 several workers (one per GPU, or the all-in-one ``serve`` beside tests), and a
 fixed default port would make the second one fail to start; operators name the
 port in their manifests (9100 in deploy/) and scrape it.
+
+Every metric carries the served model as ``model_name``, as vLLM's do, so one
+dashboard reads both and several models' workers sum by model. A request that
+ends here is counted once in ``request_success_total{finished_reason}`` (vLLM's
+name; it counts every reason, not only successes): stop and length from its
+``Finished`` event, error from a ``Failed`` one the step loop publishes, abort
+and worker bugs from the job handler. Requests refused before they started
+(invalid parameters, a prompt too long) are not: their client got a 4xx, as
+vLLM's front end refuses them before its engine sees them. A request taken over
+after its worker died is counted by the worker that ends it. The prompt and
+generation length histograms observe completed requests (stop or length) only.
 
 Tokens per second is not a metric: Prometheus derives it from the token
 counters with ``rate()``. The heartbeat's ``generation_tokens_per_s`` is the same
@@ -21,12 +32,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
+from enum import StrEnum
 from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from shared.protocol import GenerationJob
+from shared.protocol import Failed, Finished, GenerationJob, TokenEvent
 from shared.registry import WorkerLoad
 from worker.engine import EngineStats, SequenceUpdate
 
@@ -37,6 +49,19 @@ BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # From a fast decode step on a GPU (a few ms) to a long CPU prefill chunk.
 STEP_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 QUEUE_WAIT_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# vLLM's 1-2-5 series for request lengths; it stops at max_model_len, which is not known before the
+# model loads (the port is bound first), so ours runs to a million tokens.
+REQUEST_TOKENS_BUCKETS = (*(mantissa * 10**power for power in range(6) for mantissa in (1, 2, 5)), 1_000_000)
+MODEL_LABEL = "model_name"
+
+
+class FinishedReason(StrEnum):
+    """Why a request ended here: the ``finished_reason`` label (vLLM's values, less "repetition")."""
+
+    STOP = "stop"  # an EOS token or a stop sequence
+    LENGTH = "length"  # max_tokens, or the model's context
+    ABORT = "abort"  # the client cancelled it (a disconnect, a deadline)
+    ERROR = "error"  # the model or the worker failed it
 
 
 class MetricsServer:
@@ -57,81 +82,90 @@ class MetricsServer:
 
 
 class WorkerMetrics:
-    """One worker's metrics; all ``observe_*`` calls come from the event loop's thread."""
+    """One worker's metrics; all ``observe_*`` calls come from the event loop's thread.
 
-    def __init__(self) -> None:
+    Every metric carries ``model_name`` (the served model, as vLLM labels its own), set
+    once here: a worker serves one model for its whole life.
+    """
+
+    def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry()
+        self.model_name = model_name
         self._define_gauges()
         self._define_flows()
+        self._define_requests()
         # Plain copies for the heartbeat: prometheus_client has no public read of a value.
         self._engine_stats = EngineStats(running=0, waiting=0)
         self._generated = 0
         self._load_window = (time.monotonic(), 0)
 
+    def _gauge(self, name: str, documentation: str) -> Gauge:
+        metric = Gauge(name, documentation, [MODEL_LABEL], namespace=NAMESPACE, registry=self.registry)
+        return metric.labels(self.model_name)
+
+    def _counter(self, name: str, documentation: str) -> Counter:
+        metric = Counter(name, documentation, [MODEL_LABEL], namespace=NAMESPACE, registry=self.registry)
+        return metric.labels(self.model_name)
+
+    def _histogram(self, name: str, documentation: str, buckets: Sequence[float]) -> Histogram:
+        metric = Histogram(
+            name, documentation, [MODEL_LABEL], namespace=NAMESPACE, registry=self.registry, buckets=buckets
+        )
+        return metric.labels(self.model_name)
+
     def _define_gauges(self) -> None:
-        registry = self.registry
-        self.running = Gauge(
-            "running_sequences", "Sequences in the running batch.", namespace=NAMESPACE, registry=registry
+        self.running = self._gauge("running_sequences", "Sequences in the running batch.")
+        self.waiting = self._gauge(
+            "waiting_sequences", "Sequences added to the engine, waiting to join the batch."
         )
-        self.waiting = Gauge(
-            "waiting_sequences",
-            "Sequences added to the engine, waiting to join the batch.",
-            namespace=NAMESPACE,
-            registry=registry,
-        )
-        self.kv_reserved = Gauge(
+        self.kv_reserved = self._gauge(
             "kv_cache_reserved_tokens",
             "KV-cache positions the running sequences may grow to (prompt + max new tokens, padded).",
-            namespace=NAMESPACE,
-            registry=registry,
         )
-        self.kv_usage = Gauge(
+        self.kv_usage = self._gauge(
             "kv_cache_usage_ratio",
             "Reserved KV-cache positions over the --max-batch-tokens budget (0 without a shared cache).",
-            namespace=NAMESPACE,
-            registry=registry,
         )
 
     def _define_flows(self) -> None:
-        registry = self.registry
-        self.batch_size = Histogram(
-            "batch_size",
-            "Sequences that produced a token in one engine step.",
-            namespace=NAMESPACE,
-            registry=registry,
-            buckets=BATCH_SIZE_BUCKETS,
+        self.batch_size = self._histogram(
+            "batch_size", "Sequences that produced a token in one engine step.", BATCH_SIZE_BUCKETS
         )
-        self.step_seconds = Histogram(
-            "step_duration_seconds",
-            "Wall time of one engine step (one forward pass).",
-            namespace=NAMESPACE,
-            registry=registry,
-            buckets=STEP_SECONDS_BUCKETS,
+        self.step_seconds = self._histogram(
+            "step_duration_seconds", "Wall time of one engine step (one forward pass).", STEP_SECONDS_BUCKETS
         )
-        self.queue_wait = Histogram(
+        self.queue_wait = self._histogram(
             "queue_wait_seconds",
             "From the job's creation at the gateway to its start on this worker.",
-            namespace=NAMESPACE,
-            registry=registry,
-            buckets=QUEUE_WAIT_SECONDS_BUCKETS,
+            QUEUE_WAIT_SECONDS_BUCKETS,
         )
-        self.prompt_tokens = Counter(
-            "prompt_tokens", "Prompt tokens of accepted requests.", namespace=NAMESPACE, registry=registry
-        )
-        self.generation_tokens = Counter(
-            "generation_tokens", "Tokens generated.", namespace=NAMESPACE, registry=registry
-        )
-        self.prefix_cache_hits = Counter(
+        self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens of accepted requests.")
+        self.generation_tokens = self._counter("generation_tokens", "Tokens generated.")
+        self.prefix_cache_hits = self._counter(
             "prefix_cache_hit_tokens",
             "Prompt tokens whose KV was reused from the prefix cache instead of prefilled.",
-            namespace=NAMESPACE,
-            registry=registry,
         )
-        self.failovers = Counter(
-            "failovers",
-            "Jobs of dead workers this worker's reaper put back in the queue to be resumed.",
+        self.failovers = self._counter(
+            "failovers", "Jobs of dead workers this worker's reaper put back in the queue to be resumed."
+        )
+
+    def _define_requests(self) -> None:
+        finished = Counter(
+            "request_success",
+            "Requests that ended on this worker, by why they ended (vLLM's name, all four reasons).",
+            [MODEL_LABEL, "finished_reason"],
             namespace=NAMESPACE,
-            registry=registry,
+            registry=self.registry,
+        )
+        # Every reason from the start at 0: rate() and absent-series alerts need the series to exist.
+        self.finished = {reason: finished.labels(self.model_name, reason.value) for reason in FinishedReason}
+        self.request_prompt_tokens = self._histogram(
+            "request_prompt_tokens", "Prompt tokens of each completed request.", REQUEST_TOKENS_BUCKETS
+        )
+        self.request_generation_tokens = self._histogram(
+            "request_generation_tokens",
+            "Tokens generated for each completed request (all its choices).",
+            REQUEST_TOKENS_BUCKETS,
         )
 
     def observe_engine(self, stats: EngineStats) -> None:
@@ -165,6 +199,20 @@ class WorkerMetrics:
     def record_failover(self) -> None:
         """Count a job of a dead worker that this worker re-enqueued to be resumed (the reaper calls it)."""
         self.failovers.inc()
+
+    def observe_outcomes(self, events: Iterable[TokenEvent]) -> None:
+        """Count the requests these published events ended, with their sizes when they completed."""
+        for event in events:
+            if isinstance(event, Finished):
+                self.finished[FinishedReason(event.finish_reason.value)].inc()
+                self.request_prompt_tokens.observe(event.usage.prompt_tokens)
+                self.request_generation_tokens.observe(event.usage.completion_tokens)
+            elif isinstance(event, Failed):
+                self.finished[FinishedReason.ERROR].inc()
+
+    def record_end(self, reason: FinishedReason) -> None:
+        """Count a request that ended outside the step loop: aborted by its client, or a worker bug."""
+        self.finished[reason].inc()
 
     def sample_load(self) -> WorkerLoad:
         """Running, waiting and tokens/s since the previous sample; the heartbeat calls it."""

@@ -119,7 +119,7 @@ async def build_runtime(
 ) -> WorkerRuntime:
     """Build the worker's parts around ``interactive``'s open pool, and start them."""
     started = time.monotonic()
-    metrics = WorkerMetrics()
+    metrics = WorkerMetrics(settings.model_name)
     port = settings.metrics_port  # bound before the model loads: a busy port fails at once
     metrics_server = None if port is None else metrics.serve(port, settings.metrics_host)
     backend = await asyncio.to_thread(load_backend, settings)

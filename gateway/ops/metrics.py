@@ -20,8 +20,9 @@ between deliveries (a delivery carrying n tokens after a gap counts n gaps of
 gap/n), end-to-end from arrival to the finished event.
 
 Queue depth is read from Redis at scrape time (``refresh_queue_depths``), with a
-short deadline; when Redis does not answer in time the gauge is left out of the
-scrape rather than reported stale.
+short deadline, by one gateway at a time (``gateway/ops/queue_depth.py``); when
+Redis does not answer in time the gauge is left out of the scrape rather than
+reported stale.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gateway.http.asgi import HttpMiddleware, on_response_start
-from shared import cluster
+from gateway.ops.queue_depth import QueueDepthExport
 from shared.protocol import Delta, Finished, TokenEvent
 
 logger = logging.getLogger(__name__)
@@ -80,13 +81,7 @@ class GatewayMetrics:
         self.open_streams = Gauge(
             "open_streams", "SSE responses being streamed.", ["model"], namespace=NAMESPACE, registry=registry
         )
-        self.queue_depth = Gauge(
-            "queue_depth",
-            "Jobs in a model's queue lane not yet finished (waiting or running), read from Redis.",
-            ["model", "lane"],
-            namespace="tokenferry",
-            registry=registry,
-        )
+        self.queue_depths = QueueDepthExport(registry)
 
     def _define_latencies(self) -> None:
         self.time_to_first_token = self._latency(
@@ -112,17 +107,13 @@ class GatewayMetrics:
         )
 
     async def refresh_queue_depths(self, redis: Redis) -> None:
-        """Re-read every queue's depth; on a slow or failed read, drop the gauge for this scrape."""
+        """Re-read every queue's depth if this gateway exports it; on a slow or failed read, drop it."""
         try:
             async with asyncio.timeout(QUEUE_READ_TIMEOUT_S):
-                depths = await cluster.queue_depths(redis, await cluster.served_models(redis))
+                await self.queue_depths.refresh(redis)
         except (TimeoutError, RedisError) as error:
             logger.warning("queue depths unavailable for /metrics: %r", error)
-            self.queue_depth.clear()
-            return
-        self.queue_depth.clear()  # models no longer served must not linger
-        for depth in depths:
-            self.queue_depth.labels(depth.model, depth.lane.value).set(depth.jobs)
+            self.queue_depths.clear()
 
     def exposition(self) -> bytes:
         """The registry in Prometheus' text format."""

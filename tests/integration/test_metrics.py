@@ -10,16 +10,19 @@ import httpx
 from redis.asyncio import Redis
 
 from gateway.http.app import create_app
+from gateway.ops.queue_depth import QUEUE_DEPTH_LEASE_S
 from shared import keys, registry
 from shared.redis_server import free_port
 from shared.settings import GatewaySettings
-from tests.helpers import FAKE_MODEL, chat_body, parse_sse, running_stack
+from tests.helpers import FAKE_MODEL, chat_body, gateway_only, parse_sse, running_stack, until_running
 from tests.scrape import Scrape
 
 # ASCII only: one token per delta, so the token timings are countable exactly.
 SCRIPT = "Metrics, measured. "
 PROMPT_TOKENS = len(b"user: Hi\nassistant:")
 CHAT = "/v1/chat/completions"
+SUCCESS = "tokenferry_worker_request_success_total"
+QUEUE_DEPTH = "tokenferry_queue_depth"
 
 
 async def _scrape_worker(port: int) -> Scrape:
@@ -87,6 +90,65 @@ async def test_worker_metrics_port_counts_tokens_steps_and_queue_wait(redis_url:
     assert scrape.value("tokenferry_worker_waiting_sequences") == 0
     assert scrape.value("tokenferry_worker_failovers_total") == 0
     assert scrape.type_of("tokenferry_worker_kv_cache_usage_ratio") == "gauge"
+
+
+async def test_worker_counts_each_request_by_finish_reason_and_its_lengths(
+    redis_url: str, redis: Redis
+) -> None:
+    port = free_port()
+    async with running_stack(
+        redis_url, fake_script=SCRIPT * 20, fake_step_delay_s=0.01, metrics_port=port
+    ) as client:
+        stopped = await client.post(CHAT, json=chat_body(stop=["measured"]))
+        cut = await client.post(CHAT, json=chat_body(max_tokens=3))
+        assert stopped.json()["choices"][0]["finish_reason"] == "stop"
+        assert cut.json()["choices"][0]["finish_reason"] == "length"
+        # A client that gives up while its request generates: the gateway aborts the job.
+        leaving = asyncio.create_task(client.post(CHAT, json=chat_body()))
+        await until_running(redis, 1)
+        leaving.cancel()
+        scrape = await _wait_for_scrape(
+            port, lambda scrape: scrape.value(SUCCESS, finished_reason="abort") == 1
+        )
+    reasons = {
+        reason: scrape.value(SUCCESS, finished_reason=reason)
+        for reason in ("stop", "length", "abort", "error")
+    }
+    assert reasons == {"stop": 1, "length": 1, "abort": 1, "error": 0}
+    generated = stopped.json()["usage"]["completion_tokens"] + cut.json()["usage"]["completion_tokens"]
+    assert scrape.value("tokenferry_worker_request_generation_tokens_count") == 2  # the aborted one is not
+    assert scrape.value("tokenferry_worker_request_generation_tokens_sum") == generated
+    assert scrape.value("tokenferry_worker_request_prompt_tokens_sum") == 2 * PROMPT_TOKENS
+    assert scrape.value("tokenferry_worker_request_prompt_tokens_bucket", le="20.0") == 2
+    samples = [sample for _type, family in scrape.families.values() for sample in family]
+    assert {sample.labels.get("model_name") for sample in samples} == {FAKE_MODEL}
+
+
+async def _wait_for_scrape(port: int, is_wanted: Callable[[Scrape], bool], timeout_s: float = 10.0) -> Scrape:
+    """The worker's first scrape that ``is_wanted`` (an abort reaches the worker at its next poll)."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            scrape = await _scrape_worker(port)
+            if is_wanted(scrape):
+                return scrape
+            await asyncio.sleep(0.05)
+
+
+async def test_one_gateway_of_several_exports_the_queue_depth(redis_url: str, redis: Redis) -> None:
+    await redis.hset(keys.known_models(), "idle-model", str(time.time()))  # type: ignore[misc]
+    await redis.zadd(keys.queue("idle-model", keys.Lane.BATCH), {"job-1": 1, "job-2": 2})
+    async with running_stack(redis_url) as first, gateway_only(redis_url) as second:
+        scrapes = [Scrape.parse((await gateway.get("/metrics")).text) for gateway in (first, second)]
+        exporting = [scrape.labels_of(QUEUE_DEPTH) != [] for scrape in scrapes]
+        assert exporting == [True, False]  # the first one scraped took the lease and keeps it
+        assert sum(scrape.value(QUEUE_DEPTH, model="idle-model", lane="batch") for scrape in scrapes) == 2
+        assert Scrape.parse((await second.get("/metrics")).text).labels_of(QUEUE_DEPTH) == []
+        # A dead holder's lease lapses by itself.
+        assert 0 < await redis.pttl(keys.queue_depth_lease()) <= QUEUE_DEPTH_LEASE_S * 1000
+        await redis.delete(keys.queue_depth_lease())  # the holder died: its lease lapsed
+        taken_over = Scrape.parse((await second.get("/metrics")).text)
+        assert taken_over.value(QUEUE_DEPTH, model="idle-model", lane="batch") == 2
+        assert Scrape.parse((await first.get("/metrics")).text).labels_of(QUEUE_DEPTH) == []
 
 
 async def test_the_heartbeat_publishes_the_worker_load(redis_url: str, redis: Redis) -> None:

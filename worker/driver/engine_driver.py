@@ -72,7 +72,7 @@ class EngineDriver:
         batch_hold_s: float = 1.0,
         tuning: DriverTuning = DEFAULT_TUNING,
     ) -> None:
-        self.metrics = metrics or WorkerMetrics()
+        self.metrics = metrics or WorkerMetrics(model)
         self._lifecycle = lifecycle
         self._tuning = tuning
         self._engine = engine
@@ -212,6 +212,7 @@ class EngineDriver:
         while True:
             try:
                 lost = await self._writer.publish_owned(events, owners=owners, model=self._model)
+                self.metrics.observe_outcomes(event for request_id, event in events if request_id not in lost)
                 self._drop_lost(lost)
                 return
             except RedisError as error:

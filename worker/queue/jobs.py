@@ -29,6 +29,7 @@ from shared.jobs.replies import send_reply
 from shared.logs import request_context
 from shared.protocol import Failed, GenerationJob, TokenizeJob, TokenizeReply
 from worker.driver.lifecycle import JobLifecycle
+from worker.metrics import FinishedReason
 from worker.queue.backoff import outage_delay
 from worker.runtime import WorkerRuntime
 
@@ -103,6 +104,7 @@ async def _hand_over_after_outage(lifecycle: JobLifecycle, job: GenerationJob) -
 
 
 async def _report_failure(runtime: WorkerRuntime, job: GenerationJob, error: TokenferryError) -> None:
+    runtime.metrics.record_end(FinishedReason.ERROR)
     with contextlib.suppress(RedisError):
         await runtime.writer.publish_step([(job.request_id, Failed(error=error.to_info()))])
         await run_records.end(runtime.pool, job, runtime.worker_id)
@@ -111,6 +113,7 @@ async def _report_failure(runtime: WorkerRuntime, job: GenerationJob, error: Tok
 async def _report_cancellation(runtime: WorkerRuntime, job_id: str, job: GenerationJob) -> None:
     if runtime.is_aborting(job_id):
         logger.info("aborted by the client")
+        runtime.metrics.record_end(FinishedReason.ABORT)
         with contextlib.suppress(RedisError):  # else its record lingers until its deadline
             await asyncio.shield(run_records.end(runtime.pool, job, runtime.worker_id))
         return
