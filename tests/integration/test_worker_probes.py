@@ -41,9 +41,11 @@ async def _answer(probe: httpx.AsyncClient, path: str) -> httpx.Response:
 
 async def _until_ready(probe: httpx.AsyncClient) -> httpx.Response:
     async with asyncio.timeout(30):
-        while (response := await probe.get("/ready")).status_code != 200:
+        while True:
+            response = await probe.get("/ready")
+            if response.status_code == 200:
+                return response
             await asyncio.sleep(0.02)
-    return response
 
 
 async def _registered(redis: Redis, model: str) -> list[str]:

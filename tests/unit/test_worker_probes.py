@@ -1,4 +1,4 @@
-"""The worker's probe answers through their WSGI route: what a kubelet reads in each phase of a worker's life."""
+"""The worker's probe answers through their WSGI route: what a kubelet reads in each phase of a worker."""
 
 from __future__ import annotations
 
