@@ -117,7 +117,7 @@ def serve_wsgi(app: WSGIApp, port: int, host: str) -> tuple[WSGIServer, threadin
 
     family, *_, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
     Server.address_family = family
-    server = make_server(address[0], port, app, Server, handler_class=_QuietHandler)
+    server = make_server(str(address[0]), port, app, Server, handler_class=_QuietHandler)
     thread = threading.Thread(target=server.serve_forever, name="worker-http", daemon=True)
     thread.start()
     return server, thread
