@@ -156,7 +156,7 @@ def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
     """A change at a dotted path of a pod spec; ``c.`` stands for its container's spec."""
 
     def apply(pod: dict[str, Any]) -> None:
-        node = pod
+        node: Any = pod
         *parents, leaf = path.replace("c.", "containers.0.", 1).split(".")
         for part in parents:
             node = node[int(part)] if part.isdigit() else node.setdefault(part, {})
