@@ -4,7 +4,8 @@ The driver feeds it between engine steps (``observe_engine``, ``observe_step``,
 ``observe_acceptance``, ``observe_outcomes``); nothing here runs inside the engine step itself, so the
 compute thread never touches prometheus_client. Each worker builds its own
 ``CollectorRegistry`` (several in-process workers in tests never collide), and
-serves it on ``--metrics-port`` with prometheus_client's threaded HTTP server.
+serves it on ``--metrics-port`` with prometheus_client's WSGI app, the worker's
+/health and /ready probes beside it (``worker/probes.py``).
 
 Intentional divergence: the metrics port is off by default. A host often runs
 several workers (one per GPU, or the all-in-one ``serve`` beside tests), and a
@@ -36,11 +37,12 @@ from collections.abc import Iterable, Sequence
 from enum import StrEnum
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
 from shared.protocol import Failed, Finished, GenerationJob, TokenEvent
 from shared.registry import WorkerLoad
 from worker.engine import EngineStats, SequenceUpdate
+from worker.probes import Probes, serve_wsgi
 
 logger = logging.getLogger(__name__)
 
@@ -226,9 +228,10 @@ class WorkerMetrics:
             generation_tokens_per_s=(generated - generated_before) / elapsed if elapsed > 0 else 0.0,
         )
 
-    def serve(self, port: int, host: str) -> MetricsServer:
-        """Expose ``/metrics`` on ``host:port`` (0 picks a free port) until ``close``."""
-        server, thread = start_http_server(port, addr=host, registry=self.registry)
+    def serve(self, port: int, host: str, probes: Probes | None = None) -> MetricsServer:
+        """Expose ``/metrics``, and ``probes``' /health and /ready, on ``host:port`` (0: a free port)."""
+        exposition = make_wsgi_app(self.registry)
+        server, thread = serve_wsgi(exposition if probes is None else probes.route(exposition), port, host)
         metrics_server = MetricsServer(server, thread)
         logger.info("metrics on http://%s:%d/metrics", host, metrics_server.port)
         return metrics_server

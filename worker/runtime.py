@@ -4,9 +4,10 @@ The interactive lane's start-up (``worker/main.py``) calls it once arq has opene
 queue pool, before the first job is claimed. Every part is a typed field of the
 ``WorkerRuntime`` it returns, and the job handlers (``worker/queue/jobs.py``) receive
 that runtime as the one entry of their ctx (``WorkerContext``). Two orders matter:
-the metrics port is bound before the model loads (a busy port fails at once), and the
-worker announces itself before its engine loop and batch lane start (a claimed job
-always has a live owner).
+the metrics port is bound before the model loads (a busy port fails at once, and the
+probes answer "loading" meanwhile), and the worker announces itself before its engine
+loop and batch lane start (a claimed job always has a live owner). /ready turns 200
+only once all of that is done (``worker/probes.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from worker.driver.engine_driver import DEFAULT_TUNING, DriverTuning, EngineDriv
 from worker.driver.lifecycle import JobLifecycle, Preparer
 from worker.metrics import MetricsServer, WorkerMetrics
 from worker.model.backend import Backend, load_backend
+from worker.model.warmup import warm_up
+from worker.probes import Probes
 from worker.queue.consumer import QueueWorker
 from worker.queue.presence import Presence
 from worker.queue.reaper import Reaper
@@ -49,6 +52,7 @@ class WorkerRuntime:
     backend: Backend
     metrics: WorkerMetrics
     metrics_server: MetricsServer | None
+    probes: Probes
     writer: EventWriter
     lifecycle: JobLifecycle
     driver: EngineDriver
@@ -78,6 +82,7 @@ class WorkerRuntime:
         self.interactive.share_with_jobs(runtime=self)
         self.batch_lane.share_with_jobs(runtime=self)
         driver_task = asyncio.create_task(self.driver.serve(), name="engine-driver")
+        self.probes.serving(driver_task)
         heartbeat = self.presence.heartbeat_while_alive(self.settings.heartbeat_interval_s, driver_task)
         self.tasks.extend(
             [
@@ -89,7 +94,8 @@ class WorkerRuntime:
         )
 
     def start_draining(self) -> None:
-        """Say in the registry that this worker drains: gateways stop counting it as capacity."""
+        """Say in the registry and on /ready that this worker drains: nothing counts it as capacity."""
+        self.probes.draining()
         self.tasks.append(asyncio.get_running_loop().create_task(self.presence.start_draining()))
 
     async def close(self) -> None:
@@ -120,9 +126,10 @@ async def build_runtime(
     """Build the worker's parts around ``interactive``'s open pool, and start them."""
     started = time.monotonic()
     metrics = WorkerMetrics(settings.model_name)
+    probes = Probes(worker_id)
     port = settings.metrics_port  # bound before the model loads: a busy port fails at once
-    metrics_server = None if port is None else metrics.serve(port, settings.metrics_host)
-    backend = await asyncio.to_thread(load_backend, settings)
+    metrics_server = None if port is None else metrics.serve(port, settings.metrics_host, probes)
+    backend = await asyncio.to_thread(_load_and_warm_up, settings)
     redis = Redis.from_url(settings.redis_url)
     writer = EventWriter(redis)
     pool = interactive.pool
@@ -141,6 +148,7 @@ async def build_runtime(
         backend=backend,
         metrics=metrics,
         metrics_server=metrics_server,
+        probes=probes,
         writer=writer,
         lifecycle=lifecycle,
         driver=driver,
@@ -154,6 +162,12 @@ async def build_runtime(
     elapsed = time.monotonic() - started
     logger.info("worker %s serving %s, ready in %.1f s", worker_id, settings.model_name, elapsed)
     return runtime
+
+
+def _load_and_warm_up(settings: WorkerSettings) -> Backend:
+    backend = load_backend(settings)
+    warm_up(backend)
+    return backend
 
 
 def _preparer(settings: WorkerSettings, backend: Backend) -> Preparer:

@@ -140,3 +140,33 @@ def test_compose_nginx_config_is_accepted_by_nginx(tmp_path: Path) -> None:
 def test_tokenferry_services_build_from_the_repository_root(service: str) -> None:
     build = compose()["services"][service]["build"]
     assert (DEPLOY / build["context"] / build["dockerfile"]).resolve().is_file()
+
+
+def _interpolated(value: str) -> set[str]:
+    """The variables a compose string takes from the environment or deploy/.env."""
+    return set(re.findall(r"\$\{(\w+)(?::?[-?][^}]*)?\}", value))
+
+
+def test_redis_requires_a_password_and_every_client_sends_it() -> None:
+    services = compose()["services"]
+    command = services["redis"]["command"]
+    (password,) = _interpolated(command[command.index("--requirepass") + 1])
+    # The health check's redis-cli authenticates with the same password.
+    assert _interpolated(services["redis"]["environment"]["REDISCLI_AUTH"]) == {password}
+    for name in [*compose_services("gateway-"), *compose_services("worker-")]:
+        url = services[name]["environment"]["TOKENFERRY_REDIS_URL"]
+        secret, host = url.removeprefix("redis://:").split("@", 1)
+        assert _interpolated(secret) == {password}, name
+        assert host.startswith("redis:6379/"), name
+    # Required, with a message naming where to set it: no silent empty password.
+    assert re.search(rf"\$\{{{password}:\?[^}}]*deploy/\.env", command[command.index("--requirepass") + 1])
+    assert re.findall(rf"^{password}=", (DEPLOY / ".env.example").read_text(), re.M) == [f"{password}="]
+
+
+def test_workers_are_healthy_once_ready_on_their_http_port() -> None:
+    for name, spec in compose_services("worker-").items():
+        check = " ".join(spec["healthcheck"]["test"])
+        port = spec["environment"]["TOKENFERRY_METRICS_PORT"]
+        assert f"http://127.0.0.1:{port}/ready" in check, name
+        # The start period covers a model download; a success ends it at once.
+        assert _seconds(spec["healthcheck"]["start_period"]) >= 30 * 60, name

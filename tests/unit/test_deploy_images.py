@@ -100,3 +100,13 @@ def test_build_context_leaves_out_the_venv_and_caches() -> None:
     needed = {part for line in copied for part in line.split()}
     assert needed <= included, needed - included
     assert ".venv" not in included
+
+
+def test_worker_image_serves_its_probes_and_checks_its_own_health() -> None:
+    stage = dockerfile_final_stage("Dockerfile.worker")
+    env = dockerfile_env("Dockerfile.worker")
+    assert env["TOKENFERRY_METRICS_HOST"] == "0.0.0.0"
+    assert re.search(rf"HEALTHCHECK .*http://127\.0\.0\.1:{env['TOKENFERRY_METRICS_PORT']}/health", stage)
+    # /health answers 503 while the model downloads and loads: the start period waits that out.
+    start_period = re.search(r"--start-period=(\d+)m", stage)
+    assert start_period is not None and int(start_period.group(1)) >= 30

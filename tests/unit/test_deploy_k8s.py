@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 from typing import Any
+from urllib.parse import urlsplit
 
 import jsonschema
 import kubernetes_validate
@@ -22,7 +23,10 @@ from tests.deployment import K8S_BASE, SCHEMAS, k8s_container_env, k8s_manifests
 # The oldest Kubernetes release still maintained when this was written, and the newest
 # kubernetes-validate knows.
 KUBERNETES_VERSIONS = ["1.32.0", kubernetes_validate.utils.latest_version()]
-CRD_KINDS = {"ScaledObject"}
+CRD_KINDS = {
+    "ScaledObject": "keda.sh_scaledobjects.yaml",
+    "TriggerAuthentication": "keda.sh_triggerauthentications.yaml",
+}
 
 
 def _builtin_manifests() -> list[str]:
@@ -68,15 +72,16 @@ def _strict(schema: dict[str, Any]) -> dict[str, Any]:
     return schema
 
 
-def test_scaled_object_matches_kedas_crd() -> None:
-    crd = yaml.safe_load((SCHEMAS / "keda.sh_scaledobjects.yaml").read_text())
-    scaled = k8s_resource("ScaledObject", "worker")
+@pytest.mark.parametrize(("kind", "name"), [("ScaledObject", "worker"), ("TriggerAuthentication", "redis")])
+def test_keda_resources_match_kedas_crds(kind: str, name: str) -> None:
+    crd = yaml.safe_load((SCHEMAS / CRD_KINDS[kind]).read_text())
+    resource = k8s_resource(kind, name)
     served = {f"{crd['spec']['group']}/{v['name']}": v for v in crd["spec"]["versions"] if v["served"]}
-    assert scaled["apiVersion"] in served
-    schema = _strict(served[scaled["apiVersion"]]["schema"]["openAPIV3Schema"])
+    assert resource["apiVersion"] in served
+    schema = _strict(served[resource["apiVersion"]]["schema"]["openAPIV3Schema"])
     errors = [
         f"{list(e.absolute_path)}: {e.message}"
-        for e in jsonschema.Draft7Validator(schema).iter_errors(scaled)
+        for e in jsonschema.Draft7Validator(schema).iter_errors(resource)
     ]
     assert errors == []
 
@@ -97,7 +102,9 @@ def test_workers_scale_on_their_own_models_interactive_queue() -> None:
     namespace = yaml.safe_load((K8S_BASE / "kustomization.yaml").read_text())["namespace"]
     redis_port = k8s_resource("Service", "redis")["spec"]["ports"][0]["port"]
     assert trigger["metadata"]["address"] == f"redis.{namespace}.svc.cluster.local:{redis_port}"
-    assert env["TOKENFERRY_REDIS_URL"].startswith(f"redis://redis:{redis_port}/")
+    # The URL carries Redis' password (test_deploy_k8s_security.py checks where it comes from).
+    url = urlsplit(env["TOKENFERRY_REDIS_URL"])
+    assert (url.hostname, url.port) == ("redis", redis_port)
 
 
 def test_gateway_routes_on_ready_and_restarts_on_health() -> None:
