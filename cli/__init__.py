@@ -9,9 +9,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cli import options
 from shared.logs import configure_logging
+
+if TYPE_CHECKING:
+    from pydantic_settings import BaseSettings
+
+_S = TypeVar("_S", bound="BaseSettings")
 
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, options.Flags]]:
@@ -78,13 +84,32 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(args.handler(args))
 
 
+def _settings(model: type[_S], values: dict[str, object], command: str) -> _S:
+    """The settings, or one line per invalid value naming its flag (not a pydantic traceback)."""
+    from pydantic import ValidationError
+
+    try:
+        return model(**values)  # type: ignore[arg-type]
+    except ValidationError as error:
+        lines = [f"tokenferry {command}: {_invalid(problem)}" for problem in error.errors()]
+        raise SystemExit("\n".join(lines)) from None
+
+
+def _invalid(problem: Any) -> str:
+    message = str(problem["msg"]).removeprefix("Value error, ")
+    if not problem["loc"]:
+        return message
+    field = str(problem["loc"][0])
+    return f"invalid {field} ({options.flag_name(field)}, {options.env_name(field)}): {message}"
+
+
 def _run_gateway(values: dict[str, object]) -> None:
     import uvicorn
 
     from gateway.http.app import create_app
     from shared.settings import GatewaySettings
 
-    settings = GatewaySettings(**values)  # type: ignore[arg-type]
+    settings = _settings(GatewaySettings, values, "gateway")
     configure_logging(settings.log_level, settings.log_format, process="gateway")
     uvicorn.run(
         create_app(settings),
@@ -104,7 +129,7 @@ def _run_worker(values: dict[str, object]) -> None:
     from worker.main import run_worker
     from worker.model.sources import ModelLoadError
 
-    settings = WorkerSettings(**values)  # type: ignore[arg-type]
+    settings = _settings(WorkerSettings, values, "worker")
     worker_id = {"worker_id": settings.worker_id} if settings.worker_id else {}
     configure_logging(settings.log_level, settings.log_format, process="worker", **worker_id)
     try:

@@ -181,3 +181,18 @@ def test_serve_hands_each_child_its_own_flags_by_their_current_names() -> None:
 
 def test_the_configuration_reference_is_up_to_date() -> None:
     assert reference.PAGE.read_text() == reference.render(), "run: python -m cli.reference"
+
+
+def test_an_invalid_value_is_one_line_naming_its_flag_and_variable() -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["gateway", "--port", "70000"])
+    assert str(exited.value) == (
+        "tokenferry gateway: invalid port (--port, TOKENFERRY_PORT):"
+        " Input should be less than or equal to 65535"
+    )
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["worker", "--served-model-name", "a", "b"])
+    assert str(exited.value) == (
+        "tokenferry worker: invalid served_model_name (--served-model-name, TOKENFERRY_SERVED_MODEL_NAME):"
+        " one served model name is supported, not 2: a, b"
+    )
