@@ -187,7 +187,7 @@ def worker_engine(loaded: LoadedModel, max_batch_size: int | None = None) -> Tra
 
     settings = WorkerSettings()
     limits = BatchLimits(
-        max_batch_size or settings.max_batch_size, settings.max_batch_tokens, settings.max_prefill_tokens
+        max_batch_size or settings.max_batch_size, settings.kv_cache_tokens, settings.max_prefill_tokens
     )
     return TransformersEngine(loaded.model, limits, settings.prefix_cache_tokens)
 

@@ -9,17 +9,27 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cli import options
 from shared.logs import configure_logging
 
+if TYPE_CHECKING:
+    from pydantic_settings import BaseSettings
+
+_S = TypeVar("_S", bound="BaseSettings")
+
 
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, options.Flags]]:
+    from shared import __version__
+    from shared.settings import GatewaySettings, WorkerSettings
+    from shared.settings_base import TokenferrySettings
+
     parser = argparse.ArgumentParser(
         prog="tokenferry", description="OpenAI-compatible serving of HuggingFace LMs."
     )
+    parser.add_argument("--version", action="version", version=f"tokenferry {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    flags: dict[str, options.Flags] = {}
 
     def command(name: str, help_text: str) -> argparse.ArgumentParser:
         return commands.add_parser(
@@ -27,25 +37,22 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, options.Flags]]:
         )
 
     serve = command("serve", "all in one: Redis (unless --redis-url), one gateway and one worker")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    options.add_redis_flag(serve)  # read directly: serve starts its own Redis without it
-    flags["serve_common"] = options.add_common_flags(serve)
-    flags["serve_gateway"] = options.add_gateway_flags(serve)
-    flags["serve_worker"] = options.add_worker_flags(serve)
-
+    # serve reads these three itself: it starts its own Redis without --redis-url, and hands
+    # the gateway its address.
+    own = ("host", "port", "redis_url")
+    actions = options.add_settings_flags(serve, [GatewaySettings, WorkerSettings], keep_defaults=own[:2])
+    common = [*own, *TokenferrySettings.model_fields]
+    flags = {
+        "serve_common": options.flags_of(actions, TokenferrySettings, skip=own),
+        "serve_gateway": options.flags_of(actions, GatewaySettings, skip=common),
+        "serve_worker": options.flags_of(actions, WorkerSettings, skip=common),
+    }
     gateway = command("gateway", "the HTTP gateway (scale out behind a load balancer)")
-    flags["gateway"] = (
-        [gateway.add_argument("--host"), gateway.add_argument("--port", type=int)]
-        + options.add_redis_flag(gateway)
-        + options.add_common_flags(gateway)
-        + options.add_gateway_flags(gateway)
-    )
-
+    actions = options.add_settings_flags(gateway, [GatewaySettings])
+    flags["gateway"] = options.flags_of(actions, GatewaySettings)
     worker = command("worker", "a generation worker for one model")
-    flags["worker"] = (
-        options.add_redis_flag(worker) + options.add_common_flags(worker) + options.add_worker_flags(worker)
-    )
+    actions = options.add_settings_flags(worker, [WorkerSettings])
+    flags["worker"] = options.flags_of(actions, WorkerSettings)
 
     from cli.client import add_client_commands
 
@@ -77,13 +84,32 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(args.handler(args))
 
 
+def _settings(model: type[_S], values: dict[str, object], command: str) -> _S:
+    """The settings, or one line per invalid value naming its flag (not a pydantic traceback)."""
+    from pydantic import ValidationError
+
+    try:
+        return model(**values)  # type: ignore[arg-type]
+    except ValidationError as error:
+        lines = [f"tokenferry {command}: {_invalid(problem)}" for problem in error.errors()]
+        raise SystemExit("\n".join(lines)) from None
+
+
+def _invalid(problem: Any) -> str:
+    message = str(problem["msg"]).removeprefix("Value error, ")
+    if not problem["loc"]:
+        return message
+    field = str(problem["loc"][0])
+    return f"invalid {field} ({options.flag_name(field)}, {options.env_name(field)}): {message}"
+
+
 def _run_gateway(values: dict[str, object]) -> None:
     import uvicorn
 
     from gateway.http.app import create_app
     from shared.settings import GatewaySettings
 
-    settings = GatewaySettings(**values)  # type: ignore[arg-type]
+    settings = _settings(GatewaySettings, values, "gateway")
     configure_logging(settings.log_level, settings.log_format, process="gateway")
     uvicorn.run(
         create_app(settings),
@@ -103,7 +129,7 @@ def _run_worker(values: dict[str, object]) -> None:
     from worker.main import run_worker
     from worker.model.sources import ModelLoadError
 
-    settings = WorkerSettings(**values)  # type: ignore[arg-type]
+    settings = _settings(WorkerSettings, values, "worker")
     worker_id = {"worker_id": settings.worker_id} if settings.worker_id else {}
     configure_logging(settings.log_level, settings.log_format, process="worker", **worker_id)
     try:

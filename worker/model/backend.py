@@ -87,5 +87,5 @@ def _build_engine(model: Any, settings: WorkerSettings) -> Engine:
             cache_implementation=settings.cache_implementation,
             use_cache=not settings.disable_kv_cache,
         )
-    limits = BatchLimits(settings.max_batch_size, settings.max_batch_tokens, settings.max_prefill_tokens)
+    limits = BatchLimits(settings.max_batch_size, settings.kv_cache_tokens, settings.max_prefill_tokens)
     return TransformersEngine(model, limits, prefix_cache_tokens=settings.prefix_cache_tokens)

@@ -95,11 +95,14 @@ def load_model(settings: WorkerSettings) -> LoadedModel:
     location = str(converted_gguf_dir(source, settings.cache_dir)) if source.gguf_file else source.location
     device = pick_device(settings.device)
     dtype = pick_dtype(settings.dtype, device)
-    options: dict[str, Any] = {"dtype": dtype, "trust_remote_code": settings.trust_remote_code}
+    # A revision names a hub commit: a converted GGUF directory has none.
+    hub = {"revision": settings.revision} if settings.revision and not source.gguf_file else {}
+    common = {"trust_remote_code": settings.trust_remote_code, **hub}
+    options: dict[str, Any] = {"dtype": dtype, **common}
     if settings.attn_implementation:
         options["attn_implementation"] = settings.attn_implementation
     try:
-        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=settings.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(location, **common)
         model = AutoModelForCausalLM.from_pretrained(location, **options)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"cannot load model {settings.model!r}: {error}") from error
