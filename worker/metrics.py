@@ -126,7 +126,7 @@ class WorkerMetrics:
         )
         self.kv_usage = self._gauge(
             "kv_cache_usage_ratio",
-            "Reserved KV-cache positions over the --max-batch-tokens budget (0 without a shared cache).",
+            "Reserved KV-cache positions over the KV-cache token budget (0 without a shared cache).",
         )
 
     def _define_flows(self) -> None:
