@@ -29,6 +29,13 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, options.Flags]]:
     serve = command("serve", "all in one: Redis (unless --redis-url), one gateway and one worker")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="stop if the model is not served within S seconds (a first start may download it; 0: no limit)",
+    )
     options.add_redis_flag(serve)  # read directly: serve starts its own Redis without it
     flags["serve_common"] = options.add_common_flags(serve)
     flags["serve_gateway"] = options.add_gateway_flags(serve)
@@ -80,10 +87,14 @@ def main(argv: Sequence[str] | None = None) -> None:
 def _run_gateway(values: dict[str, object]) -> None:
     import uvicorn
 
+    from cli.preflight import require_free_port, require_redis
     from gateway.http.app import create_app
     from shared.settings import GatewaySettings
 
     settings = GatewaySettings(**values)  # type: ignore[arg-type]
+    # One line each instead of uvicorn's lifespan traceback or a bind error after start-up.
+    require_free_port("gateway", settings.host, settings.port)
+    require_redis("gateway", settings.redis_url, settings.redis_timeout_s)
     configure_logging(settings.log_level, settings.log_format, process="gateway")
     uvicorn.run(
         create_app(settings),
@@ -98,17 +109,18 @@ def _run_gateway(values: dict[str, object]) -> None:
 def _run_worker(values: dict[str, object]) -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from shared.jobs.jobqueue import redacted_url
+    from cli.preflight import WORKER_REDIS_TIMEOUT_S, redis_problem, require_redis
     from shared.settings import WorkerSettings
     from worker.main import run_worker
     from worker.model.sources import ModelLoadError
 
     settings = WorkerSettings(**values)  # type: ignore[arg-type]
+    require_redis("worker", settings.redis_url, WORKER_REDIS_TIMEOUT_S)  # one line, before arq's log lines
     worker_id = {"worker_id": settings.worker_id} if settings.worker_id else {}
     configure_logging(settings.log_level, settings.log_format, process="worker", **worker_id)
     try:
         run_worker(settings)
     except RedisConnectionError as error:
-        sys.exit(f"tokenferry worker: cannot reach Redis at {redacted_url(settings.redis_url)}: {error}")
+        sys.exit(redis_problem("worker", settings.redis_url, error))
     except ModelLoadError as error:
         sys.exit(f"tokenferry worker: {error}")

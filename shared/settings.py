@@ -255,6 +255,11 @@ class WorkerSettings(_Settings):
         description="Text the fake engine generates (engine=fake only).",
     )
     fake_step_delay_s: float = Field(0.0, ge=0)
+    fake_load_delay_s: float = Field(
+        0.0,
+        ge=0,
+        description="Seconds the fake engine takes to load (engine=fake only; slow starts in tests).",
+    )
 
     _split_stops = field_validator("stop_sequences", mode="before")(_split_commas)
 
