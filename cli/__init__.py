@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 _S = TypeVar("_S", bound="BaseSettings")
 
 
+# Options of ``serve`` itself rather than of the processes it starts: no settings field.
+SERVE_ONLY = ("ready_timeout",)
+
+
 def _parser() -> tuple[argparse.ArgumentParser, dict[str, options.Flags]]:
     from shared import __version__
     from shared.settings import GatewaySettings, WorkerSettings
@@ -47,6 +51,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, options.Flags]]:
         "serve_gateway": options.flags_of(actions, GatewaySettings, skip=common),
         "serve_worker": options.flags_of(actions, WorkerSettings, skip=common),
     }
+    # serve's own option, not a setting of either process it starts (SERVE_ONLY).
+    serve.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=1800.0,
+        metavar="S",
+        help="stop if the model is not served within S seconds (a first start may download it; 0: no limit)",
+    )
+
     gateway = command("gateway", "the HTTP gateway (scale out behind a load balancer)")
     actions = options.add_settings_flags(gateway, [GatewaySettings])
     flags["gateway"] = options.flags_of(actions, GatewaySettings)
@@ -106,10 +119,14 @@ def _invalid(problem: Any) -> str:
 def _run_gateway(values: dict[str, object]) -> None:
     import uvicorn
 
+    from cli.preflight import require_free_port, require_redis
     from gateway.http.app import create_app
     from shared.settings import GatewaySettings
 
     settings = _settings(GatewaySettings, values, "gateway")
+    # One line each instead of uvicorn's lifespan traceback or a bind error after start-up.
+    require_free_port("gateway", settings.host, settings.port)
+    require_redis("gateway", settings.redis_url, settings.redis_timeout_s)
     configure_logging(settings.log_level, settings.log_format, process="gateway")
     uvicorn.run(
         create_app(settings),
@@ -124,17 +141,18 @@ def _run_gateway(values: dict[str, object]) -> None:
 def _run_worker(values: dict[str, object]) -> None:
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    from shared.jobs.jobqueue import redacted_url
+    from cli.preflight import WORKER_REDIS_TIMEOUT_S, redis_problem, require_redis
     from shared.settings import WorkerSettings
     from worker.main import run_worker
     from worker.model.sources import ModelLoadError
 
     settings = _settings(WorkerSettings, values, "worker")
+    require_redis("worker", settings.redis_url, WORKER_REDIS_TIMEOUT_S)  # one line, before arq's log lines
     worker_id = {"worker_id": settings.worker_id} if settings.worker_id else {}
     configure_logging(settings.log_level, settings.log_format, process="worker", **worker_id)
     try:
         run_worker(settings)
     except RedisConnectionError as error:
-        sys.exit(f"tokenferry worker: cannot reach Redis at {redacted_url(settings.redis_url)}: {error}")
+        sys.exit(redis_problem("worker", settings.redis_url, error))
     except ModelLoadError as error:
         sys.exit(f"tokenferry worker: {error}")

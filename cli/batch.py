@@ -17,6 +17,7 @@ from typing import Any
 from openai import OpenAI, OpenAIError
 from openai.types import Batch
 
+from cli.client import sdk_client
 from shared.settings import ClientSettings
 
 TERMINAL = frozenset({"completed", "failed", "expired", "cancelled"})
@@ -47,9 +48,10 @@ def add_batch_commands(commands: Any) -> None:
 
 
 def _client(args: argparse.Namespace) -> OpenAI:
-    values = {name: getattr(args, name) for name in ("base_url", "api_key") if getattr(args, name, None)}
-    settings = ClientSettings(**values)
-    return OpenAI(base_url=settings.base_url, api_key=settings.api_key)
+    # Given flags only (an empty --api-key included: it means no key), else the environment's.
+    names = ("base_url", "api_key")
+    values = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
+    return sdk_client(ClientSettings(**values))
 
 
 def _guarded(handler: Any) -> Any:

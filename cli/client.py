@@ -2,6 +2,11 @@
 
 They talk to any OpenAI-compatible server through the official ``openai`` SDK;
 tokenferry's extra parameters (``ignore_eos``) travel in ``extra_body``.
+
+An empty key (``--api-key ""``, ``TOKENFERRY_API_KEY=``) means no key, as it does
+for the gateway's settings. The SDK refuses an empty key ("Missing credentials")
+and cannot be told to send no ``Authorization`` header, so ``NO_KEY`` goes instead:
+a gateway without keys ignores it, one with keys answers 401.
 """
 
 from __future__ import annotations
@@ -40,12 +45,24 @@ def _add_generation_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--show-usage", action="store_true", help="print token usage after each answer")
 
 
+NO_KEY = "not-needed"  # what the SDK sends when no key is given (it refuses an empty one)
+
+
+def sdk_client(settings: ClientSettings) -> OpenAI:
+    """The official SDK's client for ``settings``; an empty key means no key."""
+    return OpenAI(base_url=settings.base_url, api_key=settings.api_key or NO_KEY)
+
+
 def _connect(args: argparse.Namespace) -> tuple[OpenAI, str]:
     values = {name: getattr(args, name) for name in ("base_url", "api_key", "model") if hasattr(args, name)}
     settings = ClientSettings(**values)
-    client = OpenAI(base_url=settings.base_url, api_key=settings.api_key)
-    model = settings.model or client.models.list().data[0].id
-    return client, model
+    client = sdk_client(settings)
+    if settings.model:
+        return client, settings.model
+    served = client.models.list().data
+    if not served:
+        raise OpenAIError(f"{settings.base_url} serves no model yet; wait for its worker, or pass --model")
+    return client, served[0].id
 
 
 def _request_options(args: argparse.Namespace) -> dict[str, Any]:

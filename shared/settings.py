@@ -301,6 +301,11 @@ class WorkerSettings(TokenferrySettings):
     fake_step_delay_s: Annotated[float, TESTING] = Field(
         0.0, ge=0, description="Seconds the fake engine sleeps per step (engine=fake only)."
     )
+    fake_load_delay_s: Annotated[float, TESTING] = Field(
+        0.0,
+        ge=0,
+        description="Seconds the fake engine takes to load (engine=fake only; slow starts in tests).",
+    )
 
     _split_stops = field_validator("stop_sequences", "served_model_name", mode="before")(split_commas)
 

@@ -74,6 +74,19 @@ def spawn_cli(*argv: str, env: dict[str, str] | None = None, output: Output = su
     )
 
 
+def run_cli(
+    *argv: str, env: dict[str, str] | None = None, timeout_s: float = 60.0
+) -> subprocess.CompletedProcess[str]:
+    """``tokenferry <argv>`` run until it exits by itself, its stdout and stderr captured apart."""
+    return subprocess.run(
+        cli_command(*argv),
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+    )
+
+
 @dataclass
 class SseEvent:
     id: str | None

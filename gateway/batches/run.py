@@ -44,6 +44,7 @@ from gateway.batches.input_check import InvalidBatchFile, LineIndex
 from gateway.batches.input_file import InputFile, InputFileGone
 from gateway.batches.lines import ParsedLine
 from gateway.batches.schema import TERMINAL_BATCH_STATUSES, Batch, BatchError
+from gateway.http.errors import unknown_model
 from shared import keys, registry
 from shared.jobs import jobqueue
 from shared.jobs.arq_seam import QueuePool
@@ -266,7 +267,8 @@ async def _input_index(context: BatchContext, batch: Batch, source: InputFile) -
 async def _require_known_model(pool: QueuePool, model: str) -> None:
     availability, _ = await registry.model_availability(pool, model)
     if availability is registry.ModelAvailability.UNKNOWN:
-        message = f"The model `{model}` does not exist or you do not have access to it."
+        served = [worker.model for worker in await registry.live_workers(pool)]
+        message = unknown_model(model, served).message
         raise InvalidBatchFile(
             [BatchError(code="model_not_found", message=message, param="body.model", line=1)]
         )

@@ -235,7 +235,7 @@ async def require_live(redis: Redis, model: str) -> None:
     """404 for a model nobody ever served, 503 for one whose workers are all gone right now."""
     availability, _ = await registry.model_availability(redis, model)
     if availability is registry.ModelAvailability.UNKNOWN:
-        raise unknown_model(model)
+        raise unknown_model(model, [worker.model for worker in await registry.live_workers(redis)])
     if availability is registry.ModelAvailability.KNOWN:
         raise NoLiveWorker(
             f"No worker is serving the model `{model}` right now; retry shortly.", param="model"

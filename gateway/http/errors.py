@@ -10,7 +10,7 @@ the single conversion; the SSE relay uses it too for failures after streaming be
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI
@@ -93,10 +93,20 @@ def to_domain_error(exc: BaseException, request: Request | None = None) -> Token
     return TokenferryError("The server had an error while processing your request.")
 
 
-def unknown_model(model: str) -> ModelNotFound:
-    """OpenAI's wording for a model nobody serves."""
+_MODELS_NAMED = 20  # a longer list would bury the message; the rest are counted
+
+
+def unknown_model(model: str, served: Iterable[str]) -> ModelNotFound:
+    """OpenAI's 404 for a model nobody serves, naming the models that are served (a typo shows at once)."""
+    names = sorted(set(served))
+    if not names:
+        listing = "No model is served here right now."
+    else:
+        shown = ", ".join(names[:_MODELS_NAMED])
+        more = f" and {len(names) - _MODELS_NAMED} more" if len(names) > _MODELS_NAMED else ""
+        listing = f"Served models: {shown}{more}."
     return ModelNotFound(
-        f"The model `{model}` does not exist or you do not have access to it.", param="model"
+        f"The model `{model}` does not exist or is not served here. {listing}", param="model"
     )
 
 

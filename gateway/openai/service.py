@@ -108,10 +108,11 @@ class ModelCatalog:
 
     async def model(self, model_id: str) -> schema.ModelCard:
         """One live model; 404 model_not_found when no live worker serves it."""
-        for card in (await self.models()).data:
+        cards = (await self.models()).data
+        for card in cards:
             if card.id == model_id:
                 return card
-        raise unknown_model(model_id)
+        raise unknown_model(model_id, [card.id for card in cards])
 
 
 async def get_openai(

@@ -61,7 +61,7 @@ class TgiService:
         name = resolve_model(model, workers)
         serving = [worker for worker in workers if worker.model == name]
         if not serving:
-            raise unknown_model(name)
+            raise unknown_model(name, [worker.model for worker in workers])
         return translate.info(name, serving, __version__)
 
     async def _charged_job(self, body: GenerateRequest, *, stream: bool) -> GenerationJob:

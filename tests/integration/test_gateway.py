@@ -297,7 +297,10 @@ async def test_unknown_model_is_404_model_not_found(redis: Redis, redis_url: str
     assert response.status_code == 404
     assert response.json() == {
         "error": {
-            "message": "The model `nobody/serves-this` does not exist or you do not have access to it.",
+            "message": (
+                "The model `nobody/serves-this` does not exist or is not served here. "
+                "No model is served here right now."
+            ),
             "type": "invalid_request_error",
             "param": "model",
             "code": "model_not_found",

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 import cli
-from cli import options, reference
+from cli import SERVE_ONLY, options, reference
 from shared import __version__
 from shared.settings import GatewaySettings, WorkerSettings
 
@@ -37,6 +37,8 @@ def test_every_field_has_exactly_one_flag_and_every_flag_is_a_field(
     command: str, models: list[type[GatewaySettings | WorkerSettings]]
 ) -> None:
     fields = {name for model in models for name in model.model_fields}
+    if command == "serve":
+        fields |= set(SERVE_ONLY)  # serve's own options, such as --ready-timeout
     shown = [
         action.dest
         for action in _subcommand(command)._actions

@@ -15,7 +15,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.dispatch.dispatcher import Dispatcher
 from gateway.http.app import build_state, create_app
-from gateway.http.errors import error_response, to_domain_error
+from gateway.http.errors import error_response, to_domain_error, unknown_model
 from shared.errors import ContextLengthExceeded, Overloaded, TokenferryError, error_from_info
 from shared.settings import GatewaySettings
 
@@ -235,3 +235,14 @@ def test_unknown_exception_becomes_a_generic_server_error() -> None:
 
     assert type(converted) is TokenferryError
     assert converted.status == 500
+
+
+def test_an_unknown_model_names_the_served_models_so_a_typo_shows() -> None:
+    assert unknown_model("smolm2", ["b", "a", "b"]).message == (
+        "The model `smolm2` does not exist or is not served here. Served models: a, b."
+    )
+    assert unknown_model("x", []).message == (
+        "The model `x` does not exist or is not served here. No model is served here right now."
+    )
+    many = unknown_model("x", [f"m{index:02}" for index in range(25)]).message
+    assert many.endswith("m18, m19 and 5 more.")

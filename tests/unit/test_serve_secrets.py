@@ -34,6 +34,7 @@ class RecordingSupervisor:
 
 def run_serve(monkeypatch: pytest.MonkeyPatch, *argv: str) -> None:
     monkeypatch.setattr(serve_module, "Supervisor", RecordingSupervisor)
+    monkeypatch.setattr(serve_module, "require_free_port", lambda *args: None)  # no real port here
     monkeypatch.setattr(serve_module, "stop_on_signals", threading.Event)
     monkeypatch.setattr(serve_module, "_wait_until_ready", lambda *args: "tiny-model")
     monkeypatch.setattr(serve_module, "_wait_for_exit", lambda *args: 0)

@@ -7,6 +7,7 @@ cache option only the per-sequence engine honours is set.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ def load_backend(settings: WorkerSettings) -> Backend:
     if settings.engine == "fake":
         from worker.engine.fake import FAKE_VOCAB_SIZE, ByteTokenizer, FakeEngine
 
+        time.sleep(settings.fake_load_delay_s)  # stands in for loading weights
         engine = FakeEngine(
             settings.fake_script,
             step_delay_s=settings.fake_step_delay_s,

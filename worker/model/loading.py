@@ -5,6 +5,10 @@ on 2 CPU cores), so it is converted once into a safetensors directory under
 ``cache_dir`` and later starts load that in a few seconds. The conversion writes
 to a temporary directory and renames it into place under a file lock, so two
 workers starting together neither convert twice nor see a half-written cache.
+
+Slow steps say so: the conversion logs its start and its duration around
+transformers' own bar, and a hub download shows huggingface_hub's bars on a
+terminal, log lines elsewhere (``worker/model/progress.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import hashlib
 import logging
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,6 +27,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
 from shared.settings import WorkerSettings
+from worker.model.progress import download_progress
 from worker.model.sources import ModelLoadError, ModelSource, resolve_source
 
 logger = logging.getLogger(__name__)
@@ -73,7 +79,9 @@ def converted_gguf_dir(source: ModelSource, cache_dir: Path) -> Path:
 
 
 def _convert_gguf(source: ModelSource, target: Path) -> None:
-    logger.info("converting %s once into %s (later starts load the copy)", source.gguf_file, target)
+    started = time.monotonic()
+    # transformers draws its own bar over the tensors; these lines bracket it in the log.
+    logger.info("converting %s once into %s (later starts load the copy)...", source.gguf_file, target)
     tokenizer = AutoTokenizer.from_pretrained(source.location, gguf_file=source.gguf_file)
     model = AutoModelForCausalLM.from_pretrained(source.location, gguf_file=source.gguf_file)
     # The weights are already dequantized; the GGUF quantizer only blocks save_pretrained.
@@ -87,10 +95,12 @@ def _convert_gguf(source: ModelSource, target: Path) -> None:
         staging.rename(target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+    logger.info("converted %s in %.0f s", source.gguf_file, time.monotonic() - started)
 
 
 def load_model(settings: WorkerSettings) -> LoadedModel:
     """Load the model and tokenizer named by the settings onto the chosen device and dtype."""
+    started = time.monotonic()
     source = resolve_source(settings.model)
     location = str(converted_gguf_dir(source, settings.cache_dir)) if source.gguf_file else source.location
     device = pick_device(settings.device)
@@ -101,13 +111,18 @@ def load_model(settings: WorkerSettings) -> LoadedModel:
     options: dict[str, Any] = {"dtype": dtype, **common}
     if settings.attn_implementation:
         options["attn_implementation"] = settings.attn_implementation
+    if source.is_hub_id:
+        logger.info("loading %s from the Hugging Face Hub or its local cache...", settings.model)
+        progress = download_progress()
+        if progress is not None:
+            options["tqdm_class"] = progress
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, **common)
         model = AutoModelForCausalLM.from_pretrained(location, **options)
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"cannot load model {settings.model!r}: {error}") from error
     model.to(device).eval()  # type: ignore[arg-type]
-    logger.info("loaded %s on %s as %s", settings.model, device, dtype)
+    logger.info("loaded %s on %s as %s in %.0f s", settings.model, device, dtype, time.monotonic() - started)
     return LoadedModel(
         model=model,
         tokenizer=tokenizer,

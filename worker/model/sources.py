@@ -27,6 +27,11 @@ class ModelSource:
     location: str
     gguf_file: str | None = None
 
+    @property
+    def is_hub_id(self) -> bool:
+        """A hub id (downloaded unless cached), not a local directory or file."""
+        return self.gguf_file is None and not Path(self.location).is_dir()
+
 
 def resolve_source(model: str) -> ModelSource:
     if model in (BUNDLED_MODEL, "default"):
