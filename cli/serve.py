@@ -18,7 +18,7 @@ from typing import Any
 
 from cli import options
 from shared.jobs.jobqueue import redacted_url
-from shared.redis_server import EmbeddedRedis
+from shared.redis_server import EmbeddedRedis, RedisServerError
 from shared.supervisor import (
     ChildExited,
     NotReady,
@@ -57,6 +57,8 @@ def serve(args: argparse.Namespace, flags: dict[str, options.Flags]) -> int:
         return _wait_for_exit(supervisor, stop)
     except StopRequested:
         return 0
+    except RedisServerError as error:
+        raise SystemExit(f"tokenferry serve: {error}") from None
     finally:
         with ctrl_c_ignored():
             supervisor.stop()
