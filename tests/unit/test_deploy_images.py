@@ -63,11 +63,16 @@ def test_gateway_image_installs_neither_torch_nor_transformers() -> None:
     assert not {"torch", "transformers", "accelerate", "gguf"} & closure
 
 
+def _makefile_value(name: str) -> str:
+    """A ``NAME ?= value`` of the Makefile, with the ``$(OTHER)`` variables in it expanded."""
+    defaults = dict(re.findall(r"^(\w+) \?= ?(\S*)$", (ROOT / "Makefile").read_text(), re.M))
+    return re.sub(r"\$\((\w+)\)", lambda other: _makefile_value(other.group(1)), defaults[name])
+
+
 def test_worker_image_pins_the_torch_the_tests_ran_with() -> None:
-    makefile_pin = re.search(r"^TORCH_SPEC \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M)
-    assert makefile_pin is not None
+    makefile_pin = _makefile_value("TORCH_SPEC")
     build = (DEPLOY / "Dockerfile.worker").read_text()
-    assert re.findall(r'"(torch==[^"]+)"', build) == [makefile_pin.group(1)]
+    assert re.findall(r'"(torch==[^"]+)"', build) == [makefile_pin]
     assert '-c constraints.txt ".[worker]"' in build
 
 
