@@ -51,7 +51,8 @@ def install_error_handlers(app: FastAPI) -> None:
 async def handle_error(request: Request, exc: Exception) -> Response:
     """Render any exception as OpenAI's error JSON with the matching status."""
     error = to_domain_error(exc, request)
-    if error.status >= 500:
+    # A readiness probe's 503 is its answer while the cluster starts, not a server fault.
+    if error.status >= 500 and request.url.path != "/ready":
         logger.warning("answered %d %s: %s", error.status, error.code, error.message)
     else:
         logger.info("answered %d %s param=%s", error.status, error.code, error.param)
