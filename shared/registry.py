@@ -6,6 +6,10 @@ indexes the records; readers prune members whose record has expired. Models seen
 in the last day are remembered so a request for a model whose workers are all
 gone gets 503 (come back later), while a model nobody ever served gets 404.
 
+A worker answers to its model's name and to its aliases (``--served-model-name a b``:
+``a`` is the model, ``b`` an alias). Queues, run records and metrics are keyed by the
+model alone; ``serving`` is the one place a requested name becomes that model.
+
 Each heartbeat also carries the worker's load (running and waiting sequences,
 tokens/s) for ``tokenferry status``; the fields are optional so records written
 and read by older processes still parse.
@@ -14,6 +18,7 @@ and read by older processes still parse.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from enum import StrEnum
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -36,13 +41,19 @@ class WorkerInfo(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     worker_id: str
-    model: str
+    model: str  # the canonical name: queues and everything else keyed by a model use it
+    aliases: tuple[str, ...] = ()  # other names clients may ask for; absent from older records
     max_model_len: int
     started_at: float
     heartbeat_at: float | None = None  # stamped by ``heartbeat``
     load: WorkerLoad | None = None
     # Draining (SIGTERM): alive, finishing its jobs, taking no new ones; not capacity.
     draining: bool = False
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """Every name the worker answers to, its model's first."""
+        return (self.model, *self.aliases)
 
 
 class ModelAvailability(StrEnum):
@@ -57,7 +68,7 @@ async def heartbeat(redis: Redis, info: WorkerInfo) -> None:
     async with redis.pipeline(transaction=False) as pipe:
         pipe.set(keys.worker(info.worker_id), record.model_dump_json(), ex=keys.WORKER_TTL_S)
         pipe.sadd(keys.workers_index(), info.worker_id)
-        pipe.hset(keys.known_models(), info.model, str(time.time()))
+        pipe.hset(keys.known_models(), mapping=dict.fromkeys(info.served_names, str(time.time())))
         pipe.expire(keys.known_models(), keys.KNOWN_TTL_S)
         await pipe.execute()
 
@@ -100,14 +111,30 @@ async def live_workers(redis: Redis) -> list[WorkerInfo]:
 
 
 async def model_availability(redis: Redis, model: str) -> tuple[ModelAvailability, WorkerInfo | None]:
-    """Whether ``model`` has a live worker (returned), was served recently, or is unknown."""
-    for info in await live_workers(redis):
-        if info.model == model and not info.draining:
-            return ModelAvailability.LIVE, info
+    """Whether ``model`` (a model or an alias) has a live worker (returned: its ``model`` is the
+    canonical name), was served recently, or is unknown."""
+    info = serving(model, await live_workers(redis))
+    if info is not None:
+        return ModelAvailability.LIVE, info
     seen_at: bytes | None = await redis.hget(keys.known_models(), model)  # type: ignore[misc]
     if seen_at is not None and time.time() - float(seen_at) < keys.KNOWN_TTL_S:
         return ModelAvailability.KNOWN, None
     return ModelAvailability.UNKNOWN, None
+
+
+def serving(name: str, workers: Iterable[WorkerInfo]) -> WorkerInfo | None:
+    """A worker, not draining, that answers to ``name``; one whose model it is before one whose alias.
+
+    Two models claiming one alias is a misconfiguration: the model whose name it is wins, and
+    between aliases the first worker listed does.
+    """
+    taking = [info for info in workers if not info.draining and name in info.served_names]
+    return next((info for info in taking if info.model == name), taking[0] if taking else None)
+
+
+def served_names(workers: Iterable[WorkerInfo]) -> list[str]:
+    """Every name the workers answer to, sorted, once each (what a misspelt model's 404 lists)."""
+    return sorted({name for info in workers for name in info.served_names})
 
 
 def _parse(record: bytes | str | None) -> WorkerInfo | None:

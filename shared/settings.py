@@ -175,7 +175,7 @@ class WorkerSettings(TokenferrySettings):
     )
     served_model_name: Annotated[list[str] | None, NoDecode, MODEL] = Field(
         None,
-        description="Name clients use; none: the model's. One name for now.",
+        description="Names clients use, the first canonical (metrics, queues); none: the model's.",
         json_schema_extra=cli(many=True, metavar="NAME"),
     )
     revision: Annotated[str | None, MODEL] = Field(
@@ -316,16 +316,19 @@ class WorkerSettings(TokenferrySettings):
 
     @field_validator("served_model_name")
     @classmethod
-    def _one_served_name(cls, names: list[str] | None) -> list[str] | None:
-        # The gateway routes a model name to its own queue: several names need an alias map there.
-        if names is not None and len(names) > 1:
-            raise ValueError(f"one served model name is supported, not {len(names)}: {', '.join(names)}")
+    def _no_empty_names(cls, names: list[str] | None) -> list[str] | None:
         return names or None
 
     @property
     def model_name(self) -> str:
-        """The name clients ask for."""
+        """The canonical name clients ask for: queues, records and metrics are keyed by it."""
         return self.served_model_name[0] if self.served_model_name else self.model
+
+    @property
+    def model_aliases(self) -> tuple[str, ...]:
+        """The other names clients may ask for (``--served-model-name`` after the first)."""
+        names = self.served_model_name or []
+        return tuple(dict.fromkeys(name for name in names[1:] if name != self.model_name))
 
     def server_sampling_defaults(self) -> SamplingSpec:
         """The operator's defaults as a spec (None where the operator set nothing)."""

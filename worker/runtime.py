@@ -189,6 +189,7 @@ def _worker_info(settings: WorkerSettings, worker_id: str, backend: Backend) -> 
     return registry.WorkerInfo(
         worker_id=worker_id,
         model=settings.model_name,
+        aliases=settings.model_aliases,
         max_model_len=backend.max_model_len,
         started_at=time.time(),
     )

@@ -68,12 +68,15 @@ class _Line:
 class BatchRun:
     """One batch being driven by this gateway."""
 
-    def __init__(self, context: BatchContext, batch: Batch, source: InputFile, index: LineIndex) -> None:
+    def __init__(
+        self, context: BatchContext, batch: Batch, source: InputFile, index: LineIndex, model: str | None
+    ) -> None:
         self._context = context
         self._store = context.store
         self._batch = batch
         self._source = source
         self._index = index
+        self._model = model  # the canonical model its lines name (an alias resolved), for their queue
         self._rules = context.rules(batch.endpoint)
         self._running: dict[int, _Line] = {}
         self._job_ids: dict[int, list[str]] = {}  # line -> its jobs' ids
@@ -110,7 +113,10 @@ class BatchRun:
         created_at = float(self._batch.created_at)
         jobs = batch_lines.line_jobs(running.parsed, running.request_id, created_at, self._rules)
         deadline = float(self._batch.expires_at or 0) or None
-        return [job.model_copy(update={"deadline_at": deadline}) for job in jobs]
+        update: dict[str, object] = {"deadline_at": deadline}
+        if self._model is not None:
+            update["model"] = self._model
+        return [job.model_copy(update=update) for job in jobs]
 
     def _track(self, line: int, request_id: str, parsed: ParsedLine) -> list[GenerationJob]:
         """Hold a running line; its jobs, whose ids every tick asks for."""
@@ -233,7 +239,7 @@ async def run_batch(context: BatchContext, batch_id: str) -> None:
         return
     source = InputFile(context.files, batch.input_file_id)
     try:
-        index = await _input_index(context, batch, source)
+        index, model = await _input_index(context, batch, source)
     except InvalidBatchFile as error:
         logger.info("batch %s failed validation: %s", batch.id, error)
         await end_with_errors(context, batch.id, error.errors)
@@ -242,36 +248,41 @@ async def run_batch(context: BatchContext, batch_id: str) -> None:
         message = "The input file was deleted before the batch was done with it."
         await end_with_errors(context, batch.id, [BatchError(code="file_not_found", message=message)])
         return
-    await BatchRun(context, batch, source, index).run()
+    await BatchRun(context, batch, source, index, model).run()
 
 
-async def _input_index(context: BatchContext, batch: Batch, source: InputFile) -> LineIndex:
-    """Where each line of the batch lies; validating the file first if that is where the batch is."""
+async def _input_index(
+    context: BatchContext, batch: Batch, source: InputFile
+) -> tuple[LineIndex, str | None]:
+    """Where each line of the batch lies, and the canonical model they run on; validating the file
+    first if that is where the batch is."""
     if batch.status != "validating":
-        return await source.index()
+        return await source.index(), batch.model
 
     async def still_validating() -> bool:
         return await context.store.field(batch.id, "status") == "validating"
 
     checked = await source.validate(context.rules(batch.endpoint), still_validating)
     if checked is None:
-        return LineIndex()  # cancelled while validating: nothing to run, the run ends it cancelled
-    index, model = checked
-    await _require_known_model(context.pool, model)
+        return LineIndex(), None  # cancelled while validating: nothing to run, the run ends it cancelled
+    index, requested = checked
+    model = await _require_known_model(context.pool, requested)
     fields: dict[str, str | int] = {"total": len(index), "model": model}
     if await context.store.transition(batch.id, "in_progress", ("validating",), **fields):
         logger.info("batch %s in progress: %d lines", batch.id, len(index))
-    return index  # whatever the status is now, the run acts on it (a cancel ends it cancelled)
+    return index, model  # whatever the status is now, the run acts on it (a cancel ends it cancelled)
 
 
-async def _require_known_model(pool: QueuePool, model: str) -> None:
-    availability, _ = await registry.model_availability(pool, model)
+async def _require_known_model(pool: QueuePool, model: str) -> str:
+    """The canonical model ``model`` names (the batch records it, as OpenAI records the snapshot an
+    alias meant); ``model`` itself when no worker is live to say (a batch waits for one)."""
+    availability, info = await registry.model_availability(pool, model)
     if availability is registry.ModelAvailability.UNKNOWN:
-        served = [worker.model for worker in await registry.live_workers(pool)]
-        message = unknown_model(model, served).message
+        message = unknown_model(model, registry.served_names(await registry.live_workers(pool))).message
         raise InvalidBatchFile(
             [BatchError(code="model_not_found", message=message, param="body.model", line=1)]
         )
+    return model if info is None else info.model
 
 
 def _expired(custom_id: str, request_id: str) -> str:

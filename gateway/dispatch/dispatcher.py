@@ -180,7 +180,7 @@ class Dispatcher:
         return events
 
     async def _submit(self, job: GenerationJob) -> Acceptance:
-        await require_live(self._pool, job.model)
+        job = job.model_copy(update={"model": await require_live(self._pool, job.model)})
         note_model(job.model)
         enqueued_at = time.monotonic()
         deadline = enqueued_at + self._timeout_s
@@ -231,15 +231,17 @@ class Dispatcher:
         raise WorkerFailed("the event stream ended before its first event")
 
 
-async def require_live(redis: Redis, model: str) -> None:
-    """404 for a model nobody ever served, 503 for one whose workers are all gone right now."""
-    availability, _ = await registry.model_availability(redis, model)
+async def require_live(redis: Redis, model: str) -> str:
+    """The canonical model ``model`` names (itself, or the model it is an alias of), to enqueue on.
+
+    404 for a name nobody ever served, 503 for one whose workers are all gone right now.
+    """
+    availability, info = await registry.model_availability(redis, model)
+    if info is not None:
+        return info.model
     if availability is registry.ModelAvailability.UNKNOWN:
-        raise unknown_model(model, [worker.model for worker in await registry.live_workers(redis)])
-    if availability is registry.ModelAvailability.KNOWN:
-        raise NoLiveWorker(
-            f"No worker is serving the model `{model}` right now; retry shortly.", param="model"
-        )
+        raise unknown_model(model, registry.served_names(await registry.live_workers(redis)))
+    raise NoLiveWorker(f"No worker is serving the model `{model}` right now; retry shortly.", param="model")
 
 
 async def unless_disconnected(work: Coroutine[Any, Any, _T], receive: Receive) -> _T:

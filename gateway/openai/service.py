@@ -112,7 +112,7 @@ class ModelCatalog:
         for card in cards:
             if card.id == model_id:
                 return card
-        raise unknown_model(model_id, [card.id for card in cards])
+        raise unknown_model(model_id, [card.id for card in cards])  # every served name
 
 
 async def get_openai(

@@ -233,10 +233,12 @@ def detokenize_job(request: DetokenizeRequest, request_id: str) -> TokenizeJob:
 
 
 def model_list(workers: Iterable[WorkerInfo]) -> ModelList:
-    """One card per served model, however many workers serve it."""
+    """One card per served name (a model's and its aliases', as vLLM lists them), however many
+    workers serve it."""
     by_model: dict[str, list[WorkerInfo]] = {}
     for worker in workers:
-        by_model.setdefault(worker.model, []).append(worker)
+        for name in worker.served_names:
+            by_model.setdefault(name, []).append(worker)
     return ModelList(data=[_model_card(name, by_model[name]) for name in sorted(by_model)])
 
 

@@ -100,7 +100,7 @@ class ResponseService:
     async def _start_background(
         self, body: ResponseCreateRequest, job: GenerationJob, pending: Response
     ) -> Response | EventSourceResponse:
-        await require_live(self.state.pool, body.model)
+        job = job.model_copy(update={"model": await require_live(self.state.pool, body.model)})
         if not body.stream:
             await self._enqueue_background(job, pending)
             return pending

@@ -59,9 +59,10 @@ class TgiService:
         """The served model and its limits, as TGI describes itself."""
         workers = await registry.live_workers(self.state.pool)
         name = resolve_model(model, workers)
-        serving = [worker for worker in workers if worker.model == name]
-        if not serving:
-            raise unknown_model(name, [worker.model for worker in workers])
+        found = registry.serving(name, workers)
+        if found is None:
+            raise unknown_model(name, registry.served_names(workers))
+        serving = [worker for worker in workers if worker.model == found.model]
         return translate.info(name, serving, __version__)
 
     async def _charged_job(self, body: GenerateRequest, *, stream: bool) -> GenerationJob:
@@ -74,7 +75,7 @@ def resolve_model(requested: str | None, workers: list[WorkerInfo]) -> str:
     """The model a TGI request means: the one it names (the dispatcher checks it), else the only one."""
     if requested is not None:
         return requested
-    served = sorted({worker.model for worker in workers})
+    served = sorted({worker.model for worker in workers})  # models, not their aliases
     if not served:
         raise NoLiveWorker("No worker is serving a model right now; retry shortly.")
     if len(served) > 1:

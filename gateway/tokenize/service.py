@@ -44,7 +44,7 @@ class WorkerTokenizer:
         return DetokenizeResponse(prompt=answer.text)
 
     async def _ask(self, job: TokenizeJob) -> Tokenized:
-        await require_live(self._pool, job.model)
+        job = job.model_copy(update={"model": await require_live(self._pool, job.model)})
         await jobqueue.enqueue_tokenize(self._pool, job)
         reply = await replies.await_reply(self._pool, job.request_id, self._reply_timeout_s)
         if isinstance(reply, Failed):

@@ -27,3 +27,14 @@ async def test_no_workers_at_all(redis: Redis) -> None:
     assert await registry.live_workers(redis) == []
     availability, _ = await registry.model_availability(redis, "never-served")
     assert availability is registry.ModelAvailability.UNKNOWN
+
+
+async def test_an_alias_of_a_model_whose_workers_are_gone_is_known(redis: Redis) -> None:
+    await registry.heartbeat(redis, _info("w", "primary").model_copy(update={"aliases": ("alias",)}))
+    availability, info = await registry.model_availability(redis, "alias")
+    assert availability is registry.ModelAvailability.LIVE and info is not None and info.model == "primary"
+
+    await registry.deregister(redis, "w")
+
+    availability, _ = await registry.model_availability(redis, "alias")
+    assert availability is registry.ModelAvailability.KNOWN

@@ -6,7 +6,6 @@ import argparse
 from pathlib import Path
 
 import pytest
-from pydantic import ValidationError
 
 import cli
 from cli import SERVE_ONLY, options, reference
@@ -103,9 +102,11 @@ def test_vllm_names_mean_the_same_settings() -> None:
     assert _worker_settings("--dtype", "float").dtype == "float32"
 
 
-def test_several_served_model_names_are_refused_in_one_line() -> None:
-    with pytest.raises(ValidationError, match="one served model name is supported, not 2: a, b"):
-        _worker_settings("--served-model-name", "a", "b")
+def test_several_served_model_names_parse_into_the_model_and_its_aliases() -> None:
+    settings = _worker_settings("--model", "gpt2", "--served-model-name", "a", "b", "a")
+    assert settings.served_model_name == ["a", "b", "a"]
+    assert (settings.model_name, settings.model_aliases) == ("a", ("b",))
+    assert _worker_settings("--model", "gpt2").model_aliases == ()
 
 
 def test_the_flags_used_before_still_work() -> None:
@@ -193,8 +194,8 @@ def test_an_invalid_value_is_one_line_naming_its_flag_and_variable() -> None:
         " Input should be less than or equal to 65535"
     )
     with pytest.raises(SystemExit) as exited:
-        cli.main(["worker", "--served-model-name", "a", "b"])
+        cli.main(["worker", "--max-num-seqs", "0"])
     assert str(exited.value) == (
-        "tokenferry worker: invalid served_model_name (--served-model-name, TOKENFERRY_SERVED_MODEL_NAME):"
-        " one served model name is supported, not 2: a, b"
+        "tokenferry worker: invalid max_batch_size (--max-batch-size, TOKENFERRY_MAX_BATCH_SIZE):"
+        " Input should be greater than 0"
     )

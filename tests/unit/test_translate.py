@@ -371,6 +371,12 @@ def test_models_are_listed_once_each_with_their_smallest_window() -> None:
     }
 
 
+def test_every_served_name_of_a_model_gets_a_card() -> None:
+    workers = [WorkerInfo(worker_id="a", model="m", aliases=("alias",), max_model_len=512, started_at=3.0)]
+
+    assert [card.id for card in translate.model_list(workers).data] == ["alias", "m"]
+
+
 def test_logit_bias_keys_become_token_ids() -> None:
     request = chat_request(logit_bias={"15": 2.5, "7": -100})
     assert translate.chat_job(request, REQUEST_ID, CREATED_AT).sampling.logit_bias == {15: 2.5, 7: -100.0}
