@@ -151,6 +151,7 @@ def _lifespan(settings: GatewaySettings) -> Callable[[FastAPI], AbstractAsyncCon
                 yield {"gateway": state}
         finally:
             del app.state.gateway
+            await app.state.metrics.release_queue_depths(pool)
             await dispatcher.aclose()
             await pool.aclose()
             logger.info("gateway stopped")

@@ -115,6 +115,14 @@ class GatewayMetrics:
             logger.warning("queue depths unavailable for /metrics: %r", error)
             self.queue_depths.clear()
 
+    async def release_queue_depths(self, redis: Redis) -> None:
+        """Give the queue-depth lease back on the way out; a failure only leaves it to lapse."""
+        try:
+            async with asyncio.timeout(QUEUE_READ_TIMEOUT_S):
+                await self.queue_depths.release(redis)
+        except (TimeoutError, RedisError) as error:
+            logger.warning("could not give the queue-depth lease back (it lapses by itself): %r", error)
+
     def exposition(self) -> bytes:
         """The registry in Prometheus' text format."""
         return generate_latest(self.registry)

@@ -12,6 +12,8 @@ The lease outlives a scrape interval (``QUEUE_DEPTH_LEASE_S``, above Prometheus'
 1-minute default), so the holder keeps it from one scrape to the next. When the
 holder dies, its lease lapses and the next gateway scraped takes it over; until
 then no gateway exports the gauge (a gap of at most the lease, never a double).
+A gateway that stops cleanly gives its lease back (``release``), so the next one
+scraped takes over at once.
 """
 
 from __future__ import annotations
@@ -36,6 +38,11 @@ local holder = redis.call('GET', KEYS[1])
 if holder and holder ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
+"""
+# KEYS[1]: the lease; ARGV[1]: the gateway's token. Deletes the lease only if the caller holds it.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
 """
 
 
@@ -64,3 +71,7 @@ class QueueDepthExport:
 
     def clear(self) -> None:
         self.gauge.clear()
+
+    async def release(self, redis: Redis) -> None:
+        """Give the lease back if this gateway holds it (a clean stop)."""
+        await redis.register_script(_RELEASE)([keys.queue_depth_lease()], [self.token])

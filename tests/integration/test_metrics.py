@@ -151,6 +151,18 @@ async def test_one_gateway_of_several_exports_the_queue_depth(redis_url: str, re
         assert Scrape.parse((await first.get("/metrics")).text).labels_of(QUEUE_DEPTH) == []
 
 
+async def test_a_gateway_that_stops_gives_the_queue_depth_lease_back(redis_url: str, redis: Redis) -> None:
+    await redis.hset(keys.known_models(), "idle-model", str(time.time()))  # type: ignore[misc]
+    await redis.zadd(keys.queue("idle-model", keys.Lane.BATCH), {"job-1": 1})
+    async with gateway_only(redis_url) as second:
+        async with gateway_only(redis_url) as first:
+            assert Scrape.parse((await first.get("/metrics")).text).labels_of(QUEUE_DEPTH) != []
+            assert Scrape.parse((await second.get("/metrics")).text).labels_of(QUEUE_DEPTH) == []
+        assert await redis.exists(keys.queue_depth_lease()) == 0  # the first stopped: no 90 s gap
+        taken_over = Scrape.parse((await second.get("/metrics")).text)
+        assert taken_over.value(QUEUE_DEPTH, model="idle-model", lane="batch") == 1
+
+
 async def test_the_heartbeat_publishes_the_worker_load(redis_url: str, redis: Redis) -> None:
     # Two ~2 s generations, heartbeats every 0.5 s: some land while both run, some after.
     overrides = {"fake_script": SCRIPT * 20, "fake_step_delay_s": 0.005, "heartbeat_interval_s": 0.5}
