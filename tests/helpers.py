@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from typing import Any
 
 import httpx
@@ -137,13 +137,31 @@ async def arq_stand_in(pool: ArqRedis, generate: Any, model: str, **options: Any
         job_deserializer=deserialize_arq_job,
         **options,
     )
-    task = asyncio.create_task(worker.async_run())
     try:
-        yield
+        async with in_background(worker.async_run()):
+            yield
+    finally:
+        if worker.tasks:  # let finished or aborted jobs record their end; close() would cancel them mid-way
+            await asyncio.wait(worker.tasks.values(), timeout=2)
+        await worker.close()
+
+
+@contextlib.asynccontextmanager
+async def in_background(work: Coroutine[Any, Any, None]) -> AsyncIterator[asyncio.Task[None]]:
+    """Run ``work`` as a task for the block's length; then cancel it and wait until it has ended."""
+    task = asyncio.create_task(work)
+    try:
+        yield task
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        if worker.tasks:  # let finished or aborted jobs record their end; close() would cancel them mid-way
-            await asyncio.wait(worker.tasks.values(), timeout=2)
-        await worker.close()
+
+
+async def until(condition: Callable[[], Awaitable[bool]], timeout_s: float = 30.0) -> None:
+    """Poll an outside condition (a server's teardown, an expiry) until it holds, with a deadline."""
+    async with asyncio.timeout(timeout_s):
+        while True:
+            if await condition():
+                return
+            await asyncio.sleep(0.02)

@@ -150,3 +150,14 @@ class StreamReader:
     async def rest(self) -> None:
         async for line in self._iterator:
             self.lines.append(line)
+
+
+def read_until_serving(serve: Child) -> str:
+    """``tokenferry serve``'s output up to its banner; fails if serve exits first."""
+    assert serve.stdout is not None
+    output = ""
+    while "tokenferry is serving" not in output:
+        line = serve.stdout.readline().decode()
+        assert line, f"serve exited before it was ready:\n{output}"
+        output += line
+    return output

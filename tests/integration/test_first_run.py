@@ -18,7 +18,7 @@ import pytest
 from shared.redis_server import free_port
 from shared.settings import WorkerSettings
 from tests.helpers import FAKE_MODEL, chat_body, running_stack
-from tests.processes import run_cli, serving, spawn_cli
+from tests.processes import read_until_serving, run_cli, serving, spawn_cli
 
 SCRIPT = WorkerSettings.model_fields["fake_script"].default
 MISSPELT = f"The model `fake-modle` does not exist or is not served here. Served models: {FAKE_MODEL}."
@@ -101,13 +101,8 @@ def test_serve_with_an_api_key_announces_itself_once_its_model_is_served() -> No
     port = free_port()
     argv = ("serve", "--port", str(port), "--engine", "fake", "--model", FAKE_MODEL, "--api-key", "k1")
     serve = spawn_cli(*argv)
-    output = ""
     try:
-        assert serve.stdout is not None
-        while "tokenferry is serving" not in output:  # bounded by the test timeout
-            line = serve.stdout.readline().decode()
-            assert line, f"serve exited before it was ready:\n{output}"
-            output += line
+        output = read_until_serving(serve)
     finally:
         serve.send_signal(signal.SIGINT)
         serve.wait(timeout=30)

@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from shared import keys
 from shared.redis_server import free_port
 from tests.helpers import FAKE_MODEL, chat_body
-from tests.processes import serving, spawn_cli
+from tests.processes import read_until_serving, serving, spawn_cli
 
 START_TIMEOUT_S = 60.0
 
@@ -71,13 +71,8 @@ def test_serve_starts_everything_and_ctrl_c_stops_everything() -> None:
     port = free_port()
     serve = spawn_cli("serve", "--port", str(port), "--engine", "fake", "--model", FAKE_MODEL)
     base_url = f"http://127.0.0.1:{port}"
-    output = ""
     try:
-        assert serve.stdout is not None
-        while "tokenferry is serving" not in output:  # bounded by the test timeout
-            line = serve.stdout.readline().decode()
-            assert line, f"serve exited before it was ready:\n{output}"
-            output += line
+        output = read_until_serving(serve)
         reply = httpx.post(f"{base_url}/v1/chat/completions", json=chat_body(max_tokens=3), timeout=30)
         assert reply.json()["choices"][0]["message"]["content"] == "The"
     finally:

@@ -4,9 +4,7 @@ while a driver works on a thread; and a batch input file read back in chunks of 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from redis.asyncio import Redis
@@ -19,28 +17,10 @@ from gateway.batches.input_check import FileCheck, InvalidBatchFile
 from gateway.batches.input_file import InputFile
 from gateway.batches.lines import LineRules
 from shared import keys
+from tests.helpers import in_background, until
 
 KIND = "thing"
 ITEM = "item-1"
-
-
-@contextlib.asynccontextmanager
-async def running(runner: Runner) -> AsyncIterator[None]:
-    task = asyncio.create_task(runner.run())
-    try:
-        yield
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
-async def until(condition: Callable[[], Awaitable[bool]], timeout_s: float = 30) -> None:
-    async with asyncio.timeout(timeout_s):
-        while True:
-            if await condition():
-                return
-            await asyncio.sleep(0.02)
 
 
 async def test_a_driver_that_keeps_raising_is_given_up_after_max_failures(redis: Redis) -> None:
@@ -59,7 +39,7 @@ async def test_a_driver_that_keeps_raising_is_given_up_after_max_failures(redis:
     runner = Runner(
         redis, {KIND: driver}, give_ups={KIND: give_up}, poll_s=0.02, max_failures=3, first_backoff_s=0.05
     )
-    async with running(runner):
+    async with in_background(runner.run()):
 
         async def gave_up() -> bool:
             return bool(given_up)
@@ -88,7 +68,7 @@ async def test_redis_outages_are_not_counted_as_failures_of_the_item(redis: Redi
     runner = Runner(
         redis, {KIND: driver}, give_ups={KIND: give_up}, poll_s=0.02, max_failures=2, first_backoff_s=0.05
     )
-    async with running(runner):
+    async with in_background(runner.run()):
         await until(lambda: _gone(redis, keys.active(KIND)))
 
     assert len(drives) == 6 and given_up == []
@@ -112,7 +92,7 @@ async def test_a_driver_busy_on_a_thread_keeps_its_lease_from_another_runner(red
     await redis.sadd(keys.active(KIND), ITEM)  # type: ignore[misc]
     runners = [Runner(redis, {KIND: driver}, poll_s=0.02, lease_s=LEASE_S) for _ in range(2)]
     try:
-        async with running(runners[0]), running(runners[1]):
+        async with in_background(runners[0].run()), in_background(runners[1].run()):
             await asyncio.to_thread(busy.wait, 30)
             await asyncio.sleep(3 * LEASE_S)  # long enough for an unrenewed lease to lapse
             assert started == [ITEM]

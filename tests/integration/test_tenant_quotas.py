@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
 
@@ -17,7 +16,7 @@ from shared import keys
 from shared.access import apikeys
 from shared.errors import InvalidRequest, QuotaExceeded
 from shared.redis_server import free_port
-from tests.helpers import bearer, gateway_only
+from tests.helpers import bearer, gateway_only, until
 from tests.processes import StreamReader, chat_text, parse_sse, serving, spawn_cli
 
 CHAT = "/v1/chat/completions"
@@ -27,15 +26,6 @@ QUOTA_ERROR = {"message": IsStr(), "type": "rate_limit_error", "param": None, "c
 async def upload(client: httpx.AsyncClient, secret: str, size: int) -> httpx.Response:
     files = {"file": ("input.jsonl", b"x" * size, "application/jsonl")}
     return await client.post("/v1/files", files=files, data={"purpose": "batch"}, headers=bearer(secret))
-
-
-async def until(condition: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    """Poll an outside condition (a server's teardown, an expiry) until it holds, with a deadline."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            if await condition():
-                return
-            await asyncio.sleep(0.05)
 
 
 async def test_stored_files_are_capped_per_tenant_by_count_and_by_bytes(redis: Redis, redis_url: str) -> None:

@@ -23,7 +23,7 @@ from shared.jobs import jobqueue
 from shared.protocol import ChatMessage, ChatPrompt, GenerationJob, SamplingSpec
 from shared.redis_server import free_port
 from shared.settings import WorkerSettings
-from tests.helpers import all_events, until_running
+from tests.helpers import all_events, in_background, until_running
 from worker import runtime
 from worker.main import build_worker
 from worker.model.backend import Backend, load_backend
@@ -54,13 +54,10 @@ async def _registered(redis: Redis, model: str) -> list[str]:
 
 @contextlib.asynccontextmanager
 async def _running(worker: QueueWorker) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(worker.async_run())
     try:
-        yield task
+        async with in_background(worker.async_run()) as task:
+            yield task
     finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
         await worker.close()
 
 
