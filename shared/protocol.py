@@ -9,7 +9,7 @@ by the client": the worker then applies the server default, then the model's
 from __future__ import annotations
 
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -39,6 +39,8 @@ class _Part(BaseModel):
 class FinishReason(StrEnum):
     STOP = "stop"
     LENGTH = "length"
+    # The choice ended by calling tools (its text parsed as tool calls).
+    TOOL_CALLS = "tool_calls"
 
 
 class SamplingSpec(_Part):
@@ -63,10 +65,47 @@ class SamplingSpec(_Part):
     logit_bias: dict[int, float] | None = None
 
 
+class ToolCall(_Part):
+    """A call the assistant made, as it comes back in an agent's history."""
+
+    id: str
+    name: str
+    # The arguments as JSON text, exactly as OpenAI carries them.
+    arguments: str
+
+
 class ChatMessage(_Part):
     role: str
-    content: str
+    # None for an assistant message that only calls tools.
+    content: str | None
     name: str | None = None
+    # An assistant message's calls, replayed to the template.
+    tool_calls: list[ToolCall] | None = None
+    # A ``tool`` message answers the call with this id.
+    tool_call_id: str | None = None
+
+
+class FunctionTool(_Part):
+    """A function the model may call; ``parameters`` is its arguments' JSON schema."""
+
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolChoice(_Part):
+    """How the worker treats the tools of a chat prompt.
+
+    ``auto``: the model chooses, the worker's tool-call parser finds calls in its text;
+    ``required``: output constrained to a list of calls of the given tools;
+    ``named``: output constrained to the arguments of ``name``;
+    ``none``: no call is parsed (the tools still reach the template).
+    """
+
+    mode: Literal["none", "auto", "required", "named"] = "auto"
+    name: str | None = None
+    parallel: bool = True
 
 
 class TextPrompt(_Part):
@@ -85,9 +124,50 @@ class ChatPrompt(_Part):
     kind: Literal["chat"] = "chat"
     messages: list[ChatMessage]
     add_generation_prompt: bool = True
+    # Given to the template as ``tools`` (or described in the fallback system message).
+    tools: list[FunctionTool] | None = None
+    # Extra template variables (``enable_thinking``), over the server's defaults.
+    template_kwargs: dict[str, Any] | None = None
 
 
 Prompt = Annotated[TextPrompt | TokenPrompt | ChatPrompt, Field(discriminator="kind")]
+
+
+# Structured outputs: what the generated text must match, enforced token by token
+# (``shared/structured/``). Each names the request parameter it came from, so errors found
+# later (a grammar that does not compile for this tokenizer) still name it.
+
+
+class JsonConstraint(_Part):
+    kind: Literal["json"] = "json"
+    # None: any JSON object (``response_format: json_object``).
+    json_schema: dict[str, Any] | None = None
+    param: str = "response_format"
+
+
+class RegexConstraint(_Part):
+    kind: Literal["regex"] = "regex"
+    pattern: str
+    param: str = "structured_outputs.regex"
+
+
+class ChoiceConstraint(_Part):
+    kind: Literal["choice"] = "choice"
+    choices: list[str] = Field(min_length=1)
+    param: str = "structured_outputs.choice"
+
+
+class GrammarConstraint(_Part):
+    """A context-free grammar: Lark syntax (llguidance's), or GBNF (llama.cpp's, converted)."""
+
+    kind: Literal["grammar"] = "grammar"
+    grammar: str
+    param: str = "structured_outputs.grammar"
+
+
+Constraint = Annotated[
+    JsonConstraint | RegexConstraint | ChoiceConstraint | GrammarConstraint, Field(discriminator="kind")
+]
 
 
 # The most alternatives a client may ask per token (OpenAI's top_logprobs bound).
@@ -113,6 +193,10 @@ class GenerationJob(_Wire):
     attempt: int = Field(0, ge=0)
     # The queue it runs from: batch work fills spare capacity, interactive work always goes first.
     lane: Literal["interactive", "batch"] = "interactive"
+    # What the output must match (structured outputs); None: free text.
+    constraint: Constraint | None = None
+    # How the worker treats the chat prompt's tools; None: no tools.
+    tool_choice: ToolChoice | None = None
 
 
 class Usage(_Part):
@@ -158,8 +242,20 @@ class PromptLogprob(_Part):
     top: list[TopLogprob] = []
 
 
+class ToolCallDelta(_Part):
+    """A fragment of a tool call; a call's first fragment carries its id and name."""
+
+    # The call's place among the choice's calls (0, 1, ...).
+    index: int
+    id: str | None = None
+    name: str | None = None
+    # The next piece of the arguments' JSON text.
+    arguments: str = ""
+
+
 class Delta(_Wire):
     type: Literal["delta"] = "delta"
+    # The answer's text (``content``): what is left once reasoning and tool calls are split off.
     text: str
     token_ids: list[int]
     # Which choice (0..n-1) of the request this text belongs to.
@@ -168,6 +264,10 @@ class Delta(_Wire):
     logprobs: list[TokenLogprob] | None = None
     # On a choice's first delta when the job asked: one entry per prompt token.
     prompt_logprobs: list[PromptLogprob] | None = None
+    # Text the reasoning parser split off as the model's thinking (``reasoning_content``).
+    reasoning: str = ""
+    # Tool-call fragments parsed from the output.
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChoiceFinished(_Wire):
