@@ -169,6 +169,12 @@ class CompileOptions(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
 
+class ChatTemplateKwargs(BaseModel):
+    """Variables given to every chat template (``enable_thinking``, ...); a request's own win."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
 class WorkerSettings(TokenferrySettings):
     model: Annotated[str, MODEL] = Field(
         BUNDLED_MODEL, description="Hub id, local directory, .gguf file or the bundled default."
@@ -197,6 +203,17 @@ class WorkerSettings(TokenferrySettings):
         None,
         description="Jinja2 file overriding the model's template.",
         json_schema_extra=cli(metavar="FILE"),
+    )
+    default_chat_template_kwargs: Annotated[ChatTemplateKwargs, MODEL] = Field(
+        ChatTemplateKwargs(),
+        description="Chat template variables for every request (YAML/JSON), e.g. '{enable_thinking: false}'.",
+    )
+    tool_call_parser: Annotated[Literal["auto", "hermes", "llama3_json", "mistral", "none"], MODEL] = Field(
+        "auto",
+        description="Format of tool calls in the model's text; auto: from the chat template, else hermes.",
+    )
+    reasoning_parser: Annotated[Literal["none", "deepseek_r1", "qwen3"], MODEL] = Field(
+        "none", description="Split the model's <think>...</think> off as reasoning_content."
     )
     stop_sequences: Annotated[list[str] | None, NoDecode, GENERATION] = Field(
         None, description="Server default stop sequences.", json_schema_extra=cli(many=True, metavar="STOP")

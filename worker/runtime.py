@@ -33,6 +33,7 @@ from worker.probes import Probes
 from worker.queue.consumer import QueueWorker
 from worker.queue.presence import Presence
 from worker.queue.reaper import Reaper
+from worker.requests.chat_options import ChatOptions
 from worker.requests.limits import ModelLimits
 from worker.requests.params import DefaultLayers, spec_from_generation_config
 from worker.requests.preparation import prepare
@@ -152,7 +153,12 @@ async def build_runtime(
         writer=writer,
         lifecycle=lifecycle,
         driver=driver,
-        tokenize_service=TokenizeService(backend.tokenizer, backend.max_model_len, backend.vocab_size),
+        tokenize_service=TokenizeService(
+            backend.tokenizer,
+            backend.max_model_len,
+            backend.vocab_size,
+            _chat_options(settings, backend).template_kwargs,
+        ),
         presence=presence,
         reaper=Reaper(pool, settings.model_name, settings.reap_interval_s, metrics.record_failover),
         interactive=interactive,
@@ -182,7 +188,17 @@ def _preparer(settings: WorkerSettings, backend: Backend) -> Preparer:
         # Beam search runs its beams as rows of one generate call: never more than a batch.
         max_num_beams=min(settings.max_num_beams, settings.max_batch_size),
     )
-    return functools.partial(prepare, tokenizer=backend.tokenizer, defaults=defaults, limits=limits)
+    return functools.partial(
+        prepare,
+        tokenizer=backend.tokenizer,
+        defaults=defaults,
+        limits=limits,
+        chat=_chat_options(settings, backend),
+    )
+
+
+def _chat_options(settings: WorkerSettings, backend: Backend) -> ChatOptions:
+    return ChatOptions.of(settings, backend.tokenizer.chat_template_source)
 
 
 def _worker_info(settings: WorkerSettings, worker_id: str, backend: Backend) -> registry.WorkerInfo:

@@ -199,3 +199,32 @@ def test_an_invalid_value_is_one_line_naming_its_flag_and_variable() -> None:
         "tokenferry worker: invalid max_batch_size (--max-batch-size, TOKENFERRY_MAX_BATCH_SIZE):"
         " Input should be greater than 0"
     )
+
+
+def test_tool_call_parser_reasoning_parser_and_template_kwargs_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    from worker.requests.chat_options import ChatOptions
+
+    defaults = _worker_settings()
+    assert (defaults.tool_call_parser, defaults.reasoning_parser) == ("auto", "none")
+    assert ChatOptions.of(defaults, "{{ '<tool_call>' }}") == ChatOptions({}, "hermes", "none")
+    settings = _worker_settings(
+        "--tool-call-parser", "mistral", "--reasoning-parser", "qwen3",
+        "--default-chat-template-kwargs", '{"enable_thinking": false}',
+    )  # fmt: skip
+    assert ChatOptions.of(settings, "{{ '<tool_call>' }}") == ChatOptions(
+        {"enable_thinking": False}, "mistral", "qwen3"
+    )
+    monkeypatch.setenv(
+        "TOKENFERRY_DEFAULT_CHAT_TEMPLATE_KWARGS", '{"enable_thinking": true, "effort": "low"}'
+    )
+    monkeypatch.setenv("TOKENFERRY_TOOL_CALL_PARSER", "none")
+    from_env = WorkerSettings()
+    assert ChatOptions.of(from_env, None) == ChatOptions(
+        {"enable_thinking": True, "effort": "low"}, None, "none"
+    )
+
+
+def test_an_unknown_parser_is_refused_at_start_up(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        _worker_settings("--tool-call-parser", "pythonic")
+    assert "invalid choice: 'pythonic'" in capsys.readouterr().err

@@ -88,7 +88,9 @@ class JobLifecycle:
         requests = preparation.engine_requests
         if not await self._accept(job, preparation):
             return None
-        choices = RequestChoices.start(self._tokenizer, requests, preparation.stop_sequences)
+        choices = RequestChoices.start(
+            self._tokenizer, requests, preparation.stop_sequences, preparation.parsing
+        )
         engine_ids = tuple(request.request_id for request in requests)
         return StartedJob(job, choices, engine_ids, requests, len(requests[0].prompt_token_ids))
 
@@ -116,7 +118,7 @@ class JobLifecycle:
         if not progress.is_accepted and not await self._accept(job, prepared):
             return None  # the attempt before died between its claim and its first event
         requests = prepared.engine_requests
-        choices = RequestChoices.start(self._tokenizer, requests, prepared.stop_sequences)
+        choices = RequestChoices.start(self._tokenizer, requests, prepared.stop_sequences, prepared.parsing)
         to_run = _resume_choices(choices, requests, progress)
         logger.info(
             "resuming attempt %d: %s tokens already streamed",

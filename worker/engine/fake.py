@@ -35,9 +35,11 @@ import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from shared.protocol import ChatMessage, FinishReason
+from shared.protocol import ChatMessage, FinishReason, FunctionTool
 from worker.engine import EngineRequest, EngineStats, SequenceUpdate, TokenScore, failed_update, output_start
+from worker.requests.chat_input import template_input
 
 BYTE_VOCAB_SIZE = 256
 EOS_TOKEN_ID = 256
@@ -58,8 +60,20 @@ class ByteTokenizer:
         data = bytes(token_id for token_id in token_ids if 0 <= token_id < BYTE_VOCAB_SIZE)
         return data.decode("utf-8", errors="replace")
 
-    def render_chat(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool) -> str:
-        lines = "".join(f"{message.role}: {message.content}\n" for message in messages)
+    @property
+    def chat_template_source(self) -> str | None:
+        return None  # plain "role: content" lines, without tool support (tools take the fallback)
+
+    def render_chat(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool,
+        tools: Sequence[FunctionTool] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        conversation, _ = template_input(messages, tools, template=None)
+        lines = "".join(f"{message['role']}: {message['content'] or ''}\n" for message in conversation)
         return lines + ("assistant:" if add_generation_prompt else "")
 
 

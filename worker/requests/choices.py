@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from shared.protocol import ChoiceFinished, Finished, TokenEvent, Usage
 from worker.engine import EngineRequest, SequenceUpdate
 from worker.requests.output import RequestOutput
+from worker.requests.output_parsing import OutputParsing
 from worker.requests.tokenization import Tokenizer
 
 
@@ -47,7 +48,11 @@ class RequestChoices:
 
     @classmethod
     def start(
-        cls, tokenizer: Tokenizer, requests: tuple[EngineRequest, ...], stop_sequences: tuple[str, ...]
+        cls,
+        tokenizer: Tokenizer,
+        requests: tuple[EngineRequest, ...],
+        stop_sequences: tuple[str, ...],
+        parsing: OutputParsing | None = None,
     ) -> RequestChoices:
         return cls(
             [
@@ -57,6 +62,7 @@ class RequestChoices:
                     stop_sequences,
                     index=index,
                     wants_logprobs=request.logprobs is not None,
+                    parsing=parsing,
                 )
                 for index, request in enumerate(requests)
             ]

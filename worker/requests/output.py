@@ -1,9 +1,13 @@
-"""Owns one choice's output text: detokenizing its tokens, trimming stop sequences, counting usage.
+"""Owns one choice's output: detokenizing its tokens, trimming stop sequences, parsing, counting usage.
 
 The engine reports token ids; this turns each update into the protocol events a
 client sees. Text that might be the start of a stop sequence is held back until
 it is known not to be one, so a stop sequence never reaches a streaming client
 even when it arrives split across tokens.
+
+The text then goes through the choice's parser (``output_parsing.py``): reasoning
+split off, tool calls found; a choice that made calls finishes with ``tool_calls``
+instead of ``stop`` (``length`` stays ``length``).
 
 Logprobs ride with the text their tokens produced: while a token's text is held
 back (half a UTF-8 character, a possible stop sequence) its logprob waits too, and
@@ -20,6 +24,7 @@ from dataclasses import dataclass, field
 from shared.protocol import ChoiceFinished, Delta, FinishReason, PromptLogprob, TokenEvent, TokenLogprob
 from worker.engine import SequenceUpdate
 from worker.requests.logprobs import to_prompt_logprobs, to_token_logprob
+from worker.requests.output_parsing import ChoiceParser, OutputParsing, Parsed
 from worker.requests.stopping import StopMatcher
 from worker.requests.tokenization import IncrementalDetokenizer, Tokenizer
 
@@ -42,6 +47,7 @@ class RequestOutput:
     pending_ids: list[int] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_token_ids: tuple[int, ...] = ()
+    parser: ChoiceParser = field(default_factory=lambda: OutputParsing().parser(0))
 
     @classmethod
     def start(
@@ -52,6 +58,7 @@ class RequestOutput:
         *,
         index: int = 0,
         wants_logprobs: bool = False,
+        parsing: OutputParsing | None = None,
     ) -> RequestOutput:
         return cls(
             len(prompt_ids),
@@ -61,16 +68,18 @@ class RequestOutput:
             index=index,
             wants_logprobs=wants_logprobs,
             prompt_token_ids=prompt_ids,
+            parser=(parsing or OutputParsing()).parser(index),
         )
 
     def replay(self, token_ids: list[int], published_text: str) -> None:
         """Catch up with tokens an earlier run of this request generated and published (a takeover).
 
         Afterwards the next event starts exactly where the client's text stops. The text
-        is a pure function of the tokens, so the replay reproduces what was published.
+        is a pure function of the tokens, so the replay reproduces what was published,
+        and leaves the parser holding what it held then (a call's ids come out the same).
         """
         self.completion_tokens += len(token_ids)
-        text = self.stops.feed(self.detokenizer.add(token_ids)).text
+        text = self.parser.feed(self.stops.feed(self.detokenizer.add(token_ids)).text).content
         if text != published_text:
             logger.error("resumed text differs from the published text: %r != %r", text, published_text)
 
@@ -92,18 +101,25 @@ class RequestOutput:
         # Opt-in only (--log-level DEBUG): generated text is user data and never logged at INFO.
         logger.debug("generated ids %s text %r", list(update.new_token_ids), text)
         if result.stop_sequence is not None:
-            return self._delta(result.text, update, prompt_logprobs, is_last=True) + [
+            return self._delta(self._last(result.text), update, prompt_logprobs, is_last=True) + [
                 self._finished(FinishReason.STOP, result.stop_sequence)
             ]
         if update.finish_reason is None:
-            return self._delta(result.text, update, prompt_logprobs, is_last=False)
-        return self._delta(result.text + self.stops.flush(), update, prompt_logprobs, is_last=True) + [
-            self._finished(update.finish_reason)
-        ]
+            return self._delta(self.parser.feed(result.text), update, prompt_logprobs, is_last=False)
+        last = self._last(result.text + self.stops.flush())
+        finished = self._finished(update.finish_reason)
+        return self._delta(last, update, prompt_logprobs, is_last=True) + [finished]
+
+    def _last(self, text: str) -> Parsed:
+        """The parsed text of the choice's last delta: ``text`` and whatever the parser still held."""
+        fed, held = self.parser.feed(text), self.parser.finish()
+        return Parsed(
+            fed.content + held.content, fed.reasoning + held.reasoning, fed.tool_calls + held.tool_calls
+        )
 
     def _delta(
         self,
-        text: str,
+        parsed: Parsed,
         update: SequenceUpdate,
         prompt_logprobs: list[PromptLogprob] | None,
         *,
@@ -111,23 +127,27 @@ class RequestOutput:
     ) -> list[TokenEvent]:
         self.pending_ids.extend(update.new_token_ids)
         carries_logprobs = prompt_logprobs is not None or (is_last and bool(self.pending_logprobs))
-        if not text and not carries_logprobs:
+        if not parsed and not carries_logprobs:
             return []
         logprobs: list[TokenLogprob] = []
-        if text or is_last:  # a delta sent only for the prompt's logprobs leaves held tokens waiting
+        if parsed or is_last:  # a delta sent only for the prompt's logprobs leaves held tokens waiting
             logprobs, self.pending_logprobs = self.pending_logprobs, []
         token_ids, self.pending_ids = self.pending_ids, []
         return [
             Delta(
-                text=text,
+                text=parsed.content,
                 token_ids=token_ids,
                 index=self.index,
                 logprobs=logprobs if self.wants_logprobs else None,
                 prompt_logprobs=prompt_logprobs,
+                reasoning=parsed.reasoning,
+                tool_calls=parsed.tool_calls or None,
             )
         ]
 
     def _finished(self, reason: FinishReason, stop_sequence: str | None = None) -> ChoiceFinished:
+        if reason is FinishReason.STOP and self.parser.has_calls:
+            reason = FinishReason.TOOL_CALLS
         self._log_finish(reason, stop_sequence)
         return ChoiceFinished(
             index=self.index,

@@ -15,13 +15,18 @@ from dataclasses import dataclass
 from shared.errors import InvalidRequest
 from shared.protocol import ChatPrompt, GenerationJob, TextPrompt, TokenPrompt
 from worker.engine import EngineRequest
+from worker.requests.chat_input import render_prompt
+from worker.requests.chat_options import ChatOptions
 from worker.requests.choices import choice_requests
 from worker.requests.limits import ModelLimits, check_alternatives, check_prompt_ids
+from worker.requests.output_parsing import OutputParsing
 from worker.requests.params import DefaultLayers, build_engine_request
 from worker.requests.tokenization import Tokenizer
 
 logger = logging.getLogger(__name__)
 
+NO_CHAT_OPTIONS = ChatOptions()
+NO_PARSING = OutputParsing()
 INTERACTIVE_PRIORITY = 0
 BATCH_PRIORITY = 1
 
@@ -33,6 +38,8 @@ class PreparedRequest:
     stop_sequences: tuple[str, ...]
     # The prompt as the client should see it echoed, when the job asked for echo.
     echo_text: str | None
+    # How the choices' text is parsed: reasoning, tool calls.
+    parsing: OutputParsing = NO_PARSING
 
     @property
     def engine_request(self) -> EngineRequest:
@@ -41,10 +48,19 @@ class PreparedRequest:
 
 
 def prepare(
-    job: GenerationJob, tokenizer: Tokenizer, defaults: DefaultLayers, limits: ModelLimits
+    job: GenerationJob,
+    tokenizer: Tokenizer,
+    defaults: DefaultLayers,
+    limits: ModelLimits,
+    chat: ChatOptions = NO_CHAT_OPTIONS,
 ) -> PreparedRequest:
     """Tokenize the prompt and resolve parameters; raises ``TokenferryError`` subclasses."""
-    prompt_ids = _prompt_token_ids(job, tokenizer)
+    rendered = (
+        render_prompt(tokenizer, job.prompt, chat.template_kwargs)
+        if isinstance(job.prompt, ChatPrompt)
+        else None
+    )
+    prompt_ids = _prompt_token_ids(job, tokenizer, rendered)
     if not prompt_ids:
         # Nothing to condition on: the model would be run on an empty batch row (vLLM's 400 too).
         raise InvalidRequest("The prompt is empty: it must have at least one token.", param="prompt")
@@ -66,7 +82,8 @@ def prepare(
     return PreparedRequest(
         engine_requests=choice_requests(engine_request, job.n),
         stop_sequences=tuple(stop for stop in stops if stop),
-        echo_text=_echo_text(job, prompt_ids, tokenizer) if job.echo else None,
+        echo_text=_echo_text(job, prompt_ids, tokenizer, rendered) if job.echo else None,
+        parsing=OutputParsing.of(job, chat.call_format, chat.reasoning),
     )
 
 
@@ -80,21 +97,20 @@ def _check_choices(job: GenerationJob, request: EngineRequest) -> None:
         raise InvalidRequest("logprobs cannot be combined with beam search (num_beams).", param="logprobs")
 
 
-def _prompt_token_ids(job: GenerationJob, tokenizer: Tokenizer) -> list[int]:
+def _prompt_token_ids(job: GenerationJob, tokenizer: Tokenizer, rendered: str | None) -> list[int]:
     prompt = job.prompt
     if isinstance(prompt, TokenPrompt):
         return list(prompt.token_ids)
     if isinstance(prompt, TextPrompt):
         return tokenizer.encode(prompt.text, add_special_tokens=True)
-    rendered = tokenizer.render_chat(prompt.messages, add_generation_prompt=prompt.add_generation_prompt)
     # The template already wrote every special token the model expects.
-    return tokenizer.encode(rendered, add_special_tokens=False)
+    return tokenizer.encode(rendered or "", add_special_tokens=False)
 
 
-def _echo_text(job: GenerationJob, prompt_ids: list[int], tokenizer: Tokenizer) -> str:
+def _echo_text(job: GenerationJob, prompt_ids: list[int], tokenizer: Tokenizer, rendered: str | None) -> str:
     prompt = job.prompt
     if isinstance(prompt, TextPrompt):
         return prompt.text
-    if isinstance(prompt, ChatPrompt):
-        return tokenizer.render_chat(prompt.messages, add_generation_prompt=prompt.add_generation_prompt)
+    if rendered is not None:
+        return rendered
     return tokenizer.decode(prompt_ids)

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from shared.errors import InvalidRequest
-from shared.protocol import ChatMessage
+from shared.protocol import ChatMessage, FunctionTool
+from worker.requests.chat_input import template_input
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -36,8 +37,24 @@ class Tokenizer(Protocol):
         """Decode without special tokens (what a client should see)."""
         ...
 
-    def render_chat(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool) -> str:
-        """Apply the chat template; raises ``shared.errors.InvalidRequest`` on bad template input."""
+    @property
+    def chat_template_source(self) -> str | None:
+        """The Jinja2 chat template in use; None when chats are rendered without one (the fake's)."""
+        ...
+
+    def render_chat(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool,
+        tools: Sequence[FunctionTool] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """Apply the chat template; raises ``shared.errors.InvalidRequest`` on bad template input.
+
+        A template without tool support gets tools, calls and results written into its
+        messages (``worker/requests/tool_fallback.py``).
+        """
         ...
 
 
@@ -165,16 +182,33 @@ class HFTokenizer:
     def decode(self, token_ids: Sequence[int]) -> str:
         return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
-    def render_chat(self, messages: Sequence[ChatMessage], *, add_generation_prompt: bool) -> str:
+    @property
+    def chat_template_source(self) -> str | None:
+        template = self._chat_template or self._tokenizer.chat_template
+        # A dict of named templates: transformers picks "tool_use" when given tools, if there is one.
+        if isinstance(template, dict):
+            return str(template.get("tool_use") or template.get("default") or "\n".join(template.values()))
+        return str(template) if template else None
+
+    def render_chat(
+        self,
+        messages: Sequence[ChatMessage],
+        *,
+        add_generation_prompt: bool,
+        tools: Sequence[FunctionTool] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
         from jinja2 import TemplateError, TemplateSyntaxError
 
-        conversation = [_message_dict(message) for message in messages]
+        conversation, tool_dicts = template_input(messages, tools, template=self.chat_template_source)
         try:
             rendered = self._tokenizer.apply_chat_template(
                 conversation,
+                tools=[*tool_dicts] if tool_dicts else None,  # a list of the wider type it takes
                 chat_template=self._chat_template,
                 add_generation_prompt=add_generation_prompt,
                 tokenize=False,
+                **(template_kwargs or {}),
             )
         except TemplateSyntaxError as exc:
             raise ValueError(f"the chat template is not valid Jinja2: {exc}") from exc
@@ -191,11 +225,3 @@ def _choose_chat_template(tokenizer: PreTrainedTokenizerBase, override: str | No
     if tokenizer.chat_template:
         return None
     return FALLBACK_CHAT_TEMPLATE
-
-
-def _message_dict(message: ChatMessage) -> dict[str, str]:
-    # Some templates test `'name' in message`; a None name must not look like a set one.
-    fields = {"role": message.role, "content": message.content}
-    if message.name is not None:
-        fields["name"] = message.name
-    return fields

@@ -2,16 +2,20 @@
 
 vLLM's ``/tokenize`` and ``/detokenize`` semantics: a text prompt is encoded with
 special tokens unless the client says otherwise; chat messages are rendered with
-the model's template first (which writes its own special tokens); token ids are
+the model's template first (which writes its own special tokens), with its tools and
+template variables as for generation; token ids are
 decoded without special tokens, as generated text is.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from shared.errors import InvalidRequest
 from shared.protocol import ChatPrompt, TextPrompt, Tokenized, TokenizeJob, TokenPrompt
+from worker.requests.chat_input import render_prompt
 from worker.requests.tokenization import Tokenizer
 
 
@@ -20,6 +24,8 @@ class TokenizeService:
     tokenizer: Tokenizer
     max_model_len: int
     vocab_size: int
+    # The server's chat template variables (``--default-chat-template-kwargs``).
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
 
     def answer(self, job: TokenizeJob) -> Tokenized:
         """Tokenize or detokenize ``job``'s prompt; raises ``InvalidRequest`` for bad token ids."""
@@ -44,4 +50,4 @@ class TokenizeService:
         return Tokenized(tokens=token_ids, text=text, max_model_len=self.max_model_len)
 
     def _render(self, prompt: ChatPrompt) -> str:
-        return self.tokenizer.render_chat(prompt.messages, add_generation_prompt=prompt.add_generation_prompt)
+        return render_prompt(self.tokenizer, prompt, self.template_kwargs)
