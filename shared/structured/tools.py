@@ -5,7 +5,7 @@ independent of any model family's call syntax: a named choice generates the
 function's arguments object itself; ``required`` generates a JSON list of
 ``{"name": ..., "arguments": {...}}`` (one item at most unless parallel calls are
 allowed). The worker reads that JSON back as calls. ``auto`` is left to the
-worker's tool-call parser (``worker/requests/tool_parsers.py``).
+worker's tool-call parser (``worker/requests/tool_calls/``).
 """
 
 from __future__ import annotations

@@ -193,3 +193,21 @@ def test_tokenize_renders_chat_prompts_with_tools_and_template_kwargs(tiny_token
     text = service.answer(job).text
 
     assert text.startswith("[tools]get_weather:") and text.endswith("[assistant]<think></think>")
+
+
+def test_call_markers_that_are_special_tokens_stay_in_the_decoded_text_other_specials_do_not() -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    vocabulary = {"<unk>": 0, "</s>": 1, "[TOOL_CALLS]": 2, "[": 3, "]": 4, "<|python_tag|>": 5}
+    backend = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocabulary, unk_token="<unk>"))
+    loaded = transformers.PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        eos_token="</s>",
+        unk_token="<unk>",
+        additional_special_tokens=["[TOOL_CALLS]", "<|python_tag|>"],
+    )
+    tokenizer = HFTokenizer(loaded)
+
+    assert loaded.decode([2, 3, 4], skip_special_tokens=True) == "[ ]"  # what plain decoding loses
+    assert tokenizer.decode([2, 3, 4, 1]) == "[TOOL_CALLS][ ]"
+    assert tokenizer.decode([3, 5, 1]) == "[<|python_tag|>"

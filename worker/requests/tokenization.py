@@ -155,6 +155,20 @@ def load_chat_template(path: str | Path) -> str:
     return template
 
 
+# Markers the output parsers read that some vocabularies make *special* tokens (Mistral's
+# [TOOL_CALLS] and [ARGS], Llama 3's <|python_tag|>): decoding without special tokens would
+# drop them and the calls after them would read as plain content. They stay in the text.
+KEPT_SPECIAL_TOKENS = (
+    "[TOOL_CALLS]",
+    "[ARGS]",
+    "<|python_tag|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<think>",
+    "</think>",
+)
+
+
 class HFTokenizer:
     """The ``Tokenizer`` protocol over a transformers tokenizer."""
 
@@ -171,6 +185,7 @@ class HFTokenizer:
             eos_ids.add(tokenizer.eos_token_id)
         self._eos_token_ids = frozenset(eos_ids)
         self._chat_template = _choose_chat_template(tokenizer, chat_template)
+        self._kept = _kept_special_tokens(tokenizer)
 
     @property
     def eos_token_ids(self) -> frozenset[int]:
@@ -180,7 +195,20 @@ class HFTokenizer:
         return list(self._tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=True))
+        ids = list(token_ids)
+        if not self._kept or self._kept.keys().isdisjoint(ids):
+            return str(self._tokenizer.decode(ids, skip_special_tokens=True))
+        parts: list[str] = []
+        start = 0
+        for end, token_id in enumerate(ids):
+            if token_id in self._kept:
+                parts += [
+                    str(self._tokenizer.decode(ids[start:end], skip_special_tokens=True)),
+                    self._kept[token_id],
+                ]
+                start = end + 1
+        parts.append(str(self._tokenizer.decode(ids[start:], skip_special_tokens=True)))
+        return "".join(parts)
 
     @property
     def chat_template_source(self) -> str | None:
@@ -215,6 +243,17 @@ class HFTokenizer:
         except TemplateError as exc:
             raise InvalidRequest(f"the chat template rejected the messages: {exc}", param="messages") from exc
         return str(rendered)
+
+
+def _kept_special_tokens(tokenizer: PreTrainedTokenizerBase) -> dict[int, str]:
+    """The ids of ``KEPT_SPECIAL_TOKENS`` that are special in this vocabulary (skipped by decode)."""
+    vocabulary = tokenizer.get_vocab()
+    kept: dict[int, str] = {}
+    for marker in KEPT_SPECIAL_TOKENS:
+        token_id = vocabulary.get(marker)
+        if token_id is not None and not tokenizer.decode([token_id], skip_special_tokens=True):
+            kept[token_id] = marker
+    return kept
 
 
 def _choose_chat_template(tokenizer: PreTrainedTokenizerBase, override: str | None) -> str | None:
