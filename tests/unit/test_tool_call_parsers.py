@@ -251,3 +251,11 @@ def test_auto_picks_the_format_from_the_chat_template(template: str | None, expe
 def test_an_explicit_parser_wins_over_the_template_and_none_turns_parsing_off() -> None:
     assert resolve_parser_name("mistral", "<tool_call>") == "mistral"
     assert resolve_parser_name("none", "<tool_call>") is None
+
+
+def test_without_parallel_calls_only_the_first_call_counts() -> None:
+    single = ToolChoice(mode="auto", parallel=False)
+
+    for name, output, content in CASES:
+        result = parse(name, list(output), single)
+        assert (result.content, names_and_arguments(result)) == (content, TWO_CALLS[:1])

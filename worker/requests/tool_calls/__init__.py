@@ -56,7 +56,9 @@ def call_parser(
         return NamedCall(choice.name, ids)
     if choice.mode == "required":
         return RequiredCalls(ids)
-    return None if name is None else CallScanner(FORMATS[name], ids)
+    if name is None:
+        return None
+    return CallScanner(FORMATS[name], ids, max_calls=None if choice.parallel else 1)
 
 
 __all__ = ["CallIds", "CallsParsed", "ToolCallParser", "ToolParserName", "ToolParserSetting", "call_parser"]

@@ -8,6 +8,9 @@ parsed: its calls go out whole (id, name and all the arguments in one fragment,
 which OpenAI's streaming shape allows), or, when it does not parse, its text goes
 out as content, exactly as the model wrote it: a malformed call is never an error.
 
+With parallel calls off (``parallel_tool_calls: false``) only the first call counts;
+the model's further calls are dropped, neither calls nor content.
+
 A block still open when the output ends (EOS right after the JSON, or a stop
 sequence that cut the end marker) counts if its body parses, else it is content.
 """
@@ -31,9 +34,10 @@ class CallsParsed:
 class CallScanner:
     """Stateful, per choice: feed it each new piece of content in order."""
 
-    def __init__(self, call_format: CallFormat, ids: CallIds) -> None:
+    def __init__(self, call_format: CallFormat, ids: CallIds, *, max_calls: int | None = None) -> None:
         self._format = call_format
         self._ids = ids
+        self._max_calls = max_calls  # parallel_tool_calls false: 1, and later calls are dropped
         self._held = ""  # content state: held tail; block state: the block's body so far
         self._marker: str | None = None  # the open block's start marker ("" for a bare JSON block)
         self._at_boundary = True  # where a call may begin without a marker (start, after a call)
@@ -113,6 +117,8 @@ class CallScanner:
 
     def _deltas(self, parsed: list[ParsedCall]) -> list[ToolCallDelta]:
         deltas = []
+        if self._max_calls is not None:
+            parsed = parsed[: max(0, self._max_calls - self._calls)]
         for call in parsed:
             deltas.append(ToolCallDelta(index=self._calls, id=self._ids.of(self._calls), name=call.name,
                                         arguments=call.arguments))  # fmt: skip
