@@ -1,1 +1,1 @@
-"""Owns one request inside the worker: prompt preparation, parameters, stopping, output and choices."""
+"""Owns one request inside the worker: preparation, chat input, parameters, stopping, output, parsing."""
