@@ -23,9 +23,9 @@ from typing import Any, Generic, TypeVar
 
 from pydantic import MISSING, BaseModel
 
+from gateway.openai import assistant
 from gateway.openai.logprobs import chat_logprobs, completion_logprobs
-from gateway.openai.schema import (
-    AssistantMessage,
+from gateway.openai.objects import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -52,6 +52,7 @@ from shared.protocol import Usage as WireUsage
 _FINISH_REASONS: dict[FinishReason, FinishReasonName] = {
     FinishReason.STOP: "stop",
     FinishReason.LENGTH: "length",
+    FinishReason.TOOL_CALLS: "tool_calls",
 }
 
 
@@ -67,6 +68,7 @@ class ResponseMeta:
     n: int = 1  # choices per prompt
     prompts: int = 1  # jobs whose events make up the response
     logprobs: bool = False  # with echo: the prompt's text goes out with its logprobs
+    legacy_functions: bool = False  # calls go out as the deprecated function_call
 
     @property
     def defers_echo(self) -> bool:
@@ -96,12 +98,16 @@ def summed_usage(finished: Iterable[Finished]) -> Usage:
 @dataclass
 class _ChoiceFold:
     texts: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    calls: dict[int, assistant.CallFold] = field(default_factory=dict)
     logprobs: list[WireLogprob] | None = None
     prompt_logprobs: list[PromptLogprob] | None = None
     finish_reason: FinishReason | None = None
 
     def add(self, delta: Delta) -> None:
         self.texts.append(delta.text)
+        self.reasoning.append(delta.reasoning)
+        assistant.fold_calls(self.calls, delta.tool_calls)
         if delta.logprobs is not None:
             self.logprobs = (self.logprobs or []) + delta.logprobs
         if delta.prompt_logprobs is not None:
@@ -131,12 +137,15 @@ def _fold_choices(events: Sequence[TokenEvent], n: int) -> tuple[list[_ChoiceFol
 def chat_completion(meta: ResponseMeta, events: Sequence[TokenEvent]) -> ChatCompletion:
     """Fold a request's events (Accepted ... Finished) into one chat.completion."""
     folds, finished = _fold_choices(events, meta.n)
+    legacy = meta.legacy_functions
     choices = [
         ChatChoice(
             index=index,
-            message=AssistantMessage(content=fold.text),
+            message=assistant.assistant_message(fold.text, "".join(fold.reasoning), fold.calls, legacy),
             logprobs=None if fold.logprobs is None else chat_logprobs(fold.logprobs),
-            finish_reason=_FINISH_REASONS[fold.finish_reason or finished.finish_reason],
+            finish_reason=assistant.finish_reason(
+                _FINISH_REASONS[fold.finish_reason or finished.finish_reason], legacy
+            ),
         )
         for index, fold in enumerate(folds)
     ]
@@ -230,30 +239,30 @@ class ChatStream:
 
     def __init__(self, meta: ResponseMeta) -> None:
         self._meta = meta
-        self._chunks = _Chunks(meta, ChatCompletionChunk, _ended_chat_choice)
+        self._chunks = _Chunks(meta, ChatCompletionChunk, self._ended_choice)
 
     def chunks(self, event: TokenEvent) -> list[ChatCompletionChunk]:
         """The chunks one event becomes (often one, sometimes none or several)."""
         if isinstance(event, Accepted):
             return [self._chunks.of(_opening_chat_choice(index)) for index in range(self._meta.n)]
         if isinstance(event, Delta):
-            return [self._delta_chunk(event)] if event.text or event.logprobs else []
+            return [self._delta_chunk(event)] if assistant.has_parts(event) else []
         if isinstance(event, ChoiceFinished | Finished):
             return self._chunks.ending(event)
         return []
 
     def _delta_chunk(self, delta: Delta) -> ChatCompletionChunk:
         logprobs = None if delta.logprobs is None else chat_logprobs(delta.logprobs)
-        choice = ChatChunkChoice(index=delta.index, delta=ChatDelta(content=delta.text), logprobs=logprobs)
-        return self._chunks.of(choice)
+        content = assistant.chat_delta(delta, self._meta.legacy_functions)
+        return self._chunks.of(ChatChunkChoice(index=delta.index, delta=content, logprobs=logprobs))
+
+    def _ended_choice(self, index: int, finish_reason: FinishReasonName) -> ChatChunkChoice:
+        reason = assistant.finish_reason(finish_reason, self._meta.legacy_functions)
+        return ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=reason)
 
 
 def _opening_chat_choice(index: int) -> ChatChunkChoice:
     return ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))
-
-
-def _ended_chat_choice(index: int, finish_reason: FinishReasonName) -> ChatChunkChoice:
-    return ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=finish_reason)
 
 
 class CompletionStream:
