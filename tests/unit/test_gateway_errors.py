@@ -88,7 +88,9 @@ async def test_unsupported_features_are_400_not_silently_dropped(
 
 
 @pytest.mark.parametrize("field", ["guided_whitespace_pattern", "documents", "no_such_field"])
-async def test_unknown_fields_are_400_naming_them_as_openai_does(client: httpx.AsyncClient, field: str) -> None:
+async def test_unknown_fields_are_400_naming_them_as_openai_does(
+    client: httpx.AsyncClient, field: str
+) -> None:
     response = await client.post(CHAT, json={**VALID_CHAT, field: 1})
 
     assert response.status_code == 400
