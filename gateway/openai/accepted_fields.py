@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from gateway.openai.fields import refuse_when
 
@@ -63,7 +64,7 @@ Metadata = Annotated[
     ),
 ]
 ServiceTier = Annotated[
-    Literal["auto", "default", "flex", "scale", "priority"] | None,
+    Literal["auto", "default", "flex", "scale", "priority", "fast"] | None,
     Field(description="auto or default: this server has one processing tier."),
     refuse_when(_is_not("auto", "default"), "Only service_tier auto or default is available here."),
 ]
@@ -78,7 +79,7 @@ Verbosity = Annotated[
     refuse_when(_is_not("medium"), "Only verbosity medium is supported (output length is the model's own)."),
 ]
 ReasoningEffort = Annotated[
-    Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None,
+    Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None,
     Field(
         description="Given to the chat template as `reasoning_effort` (templates that read it honour it); "
         "chat_template_kwargs may set it too."
@@ -91,10 +92,36 @@ PromptCacheKey = Annotated[
         description="Accepted: each worker's prefix cache reuses any shared prefix without a key.",
     ),
 ]
+# The SDK spells it in_memory; OpenAI's reference once wrote in-memory.
 PromptCacheRetention = Annotated[
-    Literal["in-memory", "24h"] | None,
-    Field(description="Only in-memory: prefixes stay cached while the worker's memory allows."),
-    refuse_when(_is_not("in-memory"), "Only prompt_cache_retention in-memory is supported."),
+    Literal["in_memory", "in-memory", "24h"] | None,
+    Field(description="Only in_memory: prefixes stay cached while the worker's memory allows."),
+    refuse_when(_is_not("in_memory", "in-memory"), "Only prompt_cache_retention in_memory is supported."),
+]
+
+
+class PromptCacheOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mode: Literal["implicit", "explicit"] | None = Field(
+        None, description="Only implicit: each worker's prefix cache finds shared prefixes itself."
+    )
+    ttl: Literal["30m"] | None = Field(None, description="Accepted: prefixes stay while memory allows.")
+
+    @field_validator("mode")
+    @classmethod
+    def _implicit(cls, mode: str | None) -> str | None:
+        if mode == "explicit":
+            raise PydanticCustomError(
+                "not_supported", "Only implicit prompt caching is supported (no cache breakpoints)."
+            )
+        return mode
+
+
+Moderation = Annotated[
+    dict[str, Any] | None,
+    Field(description="Refused: no moderation model runs here."),
+    refuse_when(_is_not_none, "Moderation is not available on this server."),
 ]
 SafetyIdentifier = Annotated[
     str | None, Field(max_length=1024, description="End-user id for abuse detection; accepted and ignored.")

@@ -164,11 +164,15 @@ class ChatCompletionRequest(_GenerationRequest):
     max_completion_tokens: MaxTokens = None
     metadata: accepted.Metadata = None
     modalities: accepted.Modalities = None
+    moderation: accepted.Moderation = None
     parallel_tool_calls: bool | None = Field(
         None, description="Allow several calls in one answer (default true)."
     )
     prediction: accepted.Prediction = None
     prompt_cache_key: accepted.PromptCacheKey = None
+    prompt_cache_options: accepted.PromptCacheOptions | None = Field(
+        None, description="Implicit caching only."
+    )
     prompt_cache_retention: accepted.PromptCacheRetention = None
     reasoning_effort: accepted.ReasoningEffort = None
     safety_identifier: accepted.SafetyIdentifier = None
