@@ -12,18 +12,21 @@ how many prompts finished), so each streamed response gets its own small
 ``ChatStream`` or ``CompletionStream``; everything else is a free function.
 A worker that sends no ``ChoiceFinished`` (an older one) is still understood: the
 choices it left open end with ``Finished``'s reason. Logprobs take OpenAI's shapes
-in ``gateway/openai/logprobs.py``.
+in ``gateway/openai/logprobs.py``; a chat choice's reasoning and tool calls take
+theirs in ``gateway/openai/assistant.py``, and a request that used the deprecated
+``functions`` (``ResponseMeta.legacy_functions``) gets ``function_call`` instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from pydantic import MISSING, BaseModel
 
 from gateway.openai import assistant
+from gateway.openai.folds import ChoiceFold, fold_choices
 from gateway.openai.logprobs import chat_logprobs, completion_logprobs
 from gateway.openai.objects import (
     ChatChoice,
@@ -36,7 +39,6 @@ from gateway.openai.objects import (
     FinishReasonName,
     Usage,
 )
-from shared.errors import WorkerFailed
 from shared.protocol import (
     Accepted,
     ChoiceFinished,
@@ -95,48 +97,9 @@ def summed_usage(finished: Iterable[Finished]) -> Usage:
 # Events -> whole objects (non-streaming)
 
 
-@dataclass
-class _ChoiceFold:
-    texts: list[str] = field(default_factory=list)
-    reasoning: list[str] = field(default_factory=list)
-    calls: dict[int, assistant.CallFold] = field(default_factory=dict)
-    logprobs: list[WireLogprob] | None = None
-    prompt_logprobs: list[PromptLogprob] | None = None
-    finish_reason: FinishReason | None = None
-
-    def add(self, delta: Delta) -> None:
-        self.texts.append(delta.text)
-        self.reasoning.append(delta.reasoning)
-        assistant.fold_calls(self.calls, delta.tool_calls)
-        if delta.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + delta.logprobs
-        if delta.prompt_logprobs is not None:
-            self.prompt_logprobs = delta.prompt_logprobs
-
-    @property
-    def text(self) -> str:
-        return "".join(self.texts)
-
-
-def _fold_choices(events: Sequence[TokenEvent], n: int) -> tuple[list[_ChoiceFold], Finished]:
-    """Each choice's text, logprobs and finish reason, from one job's events."""
-    choices = [_ChoiceFold() for _ in range(n)]
-    finished: Finished | None = None
-    for event in events:
-        if isinstance(event, Delta):
-            choices[event.index].add(event)
-        elif isinstance(event, ChoiceFinished):
-            choices[event.index].finish_reason = event.finish_reason
-        elif isinstance(event, Finished):
-            finished = event
-    if finished is None:
-        raise WorkerFailed("the worker ended the request without finishing it")
-    return choices, finished
-
-
 def chat_completion(meta: ResponseMeta, events: Sequence[TokenEvent]) -> ChatCompletion:
     """Fold a request's events (Accepted ... Finished) into one chat.completion."""
-    folds, finished = _fold_choices(events, meta.n)
+    folds, finished = fold_choices(events, meta.n)
     legacy = meta.legacy_functions
     choices = [
         ChatChoice(
@@ -159,7 +122,7 @@ def text_completion(meta: ResponseMeta, results: Sequence[Sequence[TokenEvent]])
     choices: list[CompletionChoice] = []
     finished: list[Finished] = []
     for prompt_index, events in enumerate(results):
-        folds, done = _fold_choices(events, meta.n)
+        folds, done = fold_choices(events, meta.n)
         finished.append(done)
         echo = _echoed_prompt(meta, events)
         for index, fold in enumerate(folds):
@@ -169,7 +132,7 @@ def text_completion(meta: ResponseMeta, results: Sequence[Sequence[TokenEvent]])
     )
 
 
-def _completion_choice(index: int, echo: str, fold: _ChoiceFold, finished: Finished) -> CompletionChoice:
+def _completion_choice(index: int, echo: str, fold: ChoiceFold, finished: Finished) -> CompletionChoice:
     entries: list[WireLogprob | PromptLogprob] = [*(fold.prompt_logprobs or []), *(fold.logprobs or [])]
     return CompletionChoice(
         text=echo + fold.text,

@@ -1,10 +1,16 @@
 """Owns the public OpenAI HTTP schema of requests (and the error envelope every response shares).
 
-Requests ignore fields they do not know (clients send many we have no use for),
-document themselves through ``Field(description=...)`` and keep OpenAI's field
-order, then our HuggingFace extras. Their field types, bounds and refusals live
-in ``gateway/openai/fields.py``. These models never leave the gateway: translation
-to the job protocol is ``gateway/openai/translate.py``'s business.
+A request body refuses a top-level field it does not declare (OpenAI's 400
+"Unrecognized request argument supplied"), so nothing a client asks for is dropped
+silently; nested objects (messages, tools) ignore unknown keys, because clients
+replay whole objects they were sent (an SDK's message with ``refusal: null``).
+Requests document themselves through ``Field(description=...)`` and keep OpenAI's
+field order, then our HuggingFace and vLLM extras. Field types, bounds and
+refusals live in ``gateway/openai/fields.py``, agent fields (tools, response
+formats, structured outputs) in ``gateway/openai/agent_schema.py``, fields accepted
+without effect in ``gateway/openai/accepted_fields.py``; the objects we answer
+with in ``gateway/openai/objects.py``. These models never leave the gateway:
+translation to the job protocol is ``gateway/openai/translate.py``'s business.
 """
 
 from __future__ import annotations

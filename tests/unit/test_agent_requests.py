@@ -330,7 +330,7 @@ def test_a_completion_with_two_constraints_is_refused_like_a_chat() -> None:
         ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs.whitespace_pattern"),
         ({"structured_outputs": {"choice": []}}, "structured_outputs.choice"),
         ({"guided_choice": []}, "guided_choice"),
-        ({"reasoning_effort": "max"}, "reasoning_effort"),
+        ({"reasoning_effort": "ultra"}, "reasoning_effort"),
         ({"chat_template_kwargs": ["enable_thinking"]}, "chat_template_kwargs"),
         ({"messages": [{"role": "user", "content": None}]}, "messages.0"),
         ({"messages": [{"role": "user"}]}, "messages.0"),
