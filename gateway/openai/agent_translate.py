@@ -71,11 +71,24 @@ def tool_setup(request: ChatCompletionRequest) -> ToolSetup:
     if not function_tools and (choice is None or choice.mode in ("none", "auto")):
         return ToolSetup()  # `tools: []` and a choice of none or auto: several clients always send them
     assert choice is not None  # a required or named choice without tools is refused by check_tools
-    tools.check_tools(function_tools, choice, param)
+    _check_tools(function_tools, choice, param)
     constraint = tools.call_constraint(function_tools, choice)
     if constraint is not None:
         grammars.check(constraint)
     return ToolSetup(tools=function_tools, choice=choice, constraint=constraint)
+
+
+def _check_tools(function_tools: list[FunctionTool], choice: ToolChoice, param: str) -> None:
+    try:
+        tools.check_tools(function_tools, choice, param)
+    except InvalidRequest as error:
+        if param != "functions" or error.param is None:
+            raise
+        # The deprecated fields' names: function_call, and functions.<i>.parameters (no .function).
+        where = error.param.replace(".function.parameters", ".parameters").replace(
+            "tool_choice", "function_call"
+        )
+        raise InvalidRequest(error.message.replace(error.param, where), param=where) from error
 
 
 def _tool_choice(request: ChatCompletionRequest) -> ToolChoice:

@@ -9,6 +9,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from langchain_core.messages import AIMessage, HumanMessage, ToolMessage
+from langchain_openai import ChatOpenAI
 from redis.asyncio import Redis
 
 from shared import keys
@@ -126,3 +128,18 @@ async def test_what_cannot_be_honoured_is_a_400_before_queueing(
     assert response.json()["error"]["type"] == "invalid_request_error"
     # No job ran: a worker would have opened the request's event stream.
     assert not await redis.exists(keys.events(response.headers["x-request-id"]))
+
+
+async def test_langchains_agent_history_is_accepted_as_it_sends_it(stack: Stack) -> None:
+    client, _ = stack
+    llm = ChatOpenAI(
+        base_url="http://testserver/v1", api_key="x", model=FAKE_MODEL, max_tokens=3, http_async_client=client
+    )
+    call = AIMessage(
+        content="", tool_calls=[{"name": "get_weather", "args": {"city": "Oslo"}, "id": "call_1"}]
+    )
+    history = [HumanMessage("Weather in Oslo?"), call, ToolMessage("3 C", tool_call_id="call_1")]
+
+    answer = await llm.bind_tools([WEATHER], tool_choice="none").ainvoke(history)
+
+    assert isinstance(answer.content, str) and answer.content

@@ -294,6 +294,8 @@ def test_chat_template_kwargs_win_over_reasoning_effort() -> None:
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "nonsense"}}}]},
             "tools.0.function.parameters",
         ),
+        ({"functions": [{"name": "f", "parameters": {"type": "nonsense"}}]}, "functions.0.parameters"),
+        ({"functions": [WEATHER["function"]], "function_call": {"name": "nope"}}, "function_call"),
         ({"tools": [WEATHER], "functions": [WEATHER["function"]]}, "functions"),
         ({"tools": [WEATHER], "tool_choice": "auto", "function_call": "auto"}, "function_call"),
     ],
