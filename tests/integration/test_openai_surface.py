@@ -238,7 +238,11 @@ async def test_tokenizer_errors_are_openai_errors(
         ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
         ("/v1/chat/completions", {"response_format": {"type": "json_schema"}}, "response_format"),
         ("/v1/chat/completions", {"guided_regex": "("}, "guided_regex"),
-        ("/v1/completions", {"response_format": {"type": "json_object"}, "guided_choice": ["a"]}, "guided_choice"),
+        (
+            "/v1/completions",
+            {"response_format": {"type": "json_object"}, "guided_choice": ["a"]},
+            "guided_choice",
+        ),
         ("/v1/chat/completions", {"logprobs": True, "num_beams": 2}, "logprobs"),
         ("/v1/chat/completions", {"n": 2, "num_beams": 2}, "n"),
         ("/v1/chat/completions", {"max_completion_tokens": 100_000}, "messages"),
