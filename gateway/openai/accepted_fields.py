@@ -143,3 +143,25 @@ AddGenerationPrompt = Annotated[
 IncludeObfuscation = Annotated[
     bool | None, Field(description="Accepted: chunks are never padded (no obfuscation field is sent).")
 ]
+
+
+# vLLM's output switches, accepted at the value this server always behaves as.
+def _only(value: bool, name: str, reason: str) -> Any:
+    return Annotated[
+        bool | None,
+        Field(description=f"Only {str(value).lower()}: {reason}"),
+        refuse_when(
+            lambda given: given is not None and given is not value,
+            f"{name} must be {str(value).lower()}: {reason}",
+        ),
+    ]
+
+
+SkipSpecialTokens = _only(True, "skip_special_tokens", "special tokens are never part of the text.")
+IncludeStopStrInOutput = _only(
+    False, "include_stop_str_in_output", "a stop sequence is always trimmed from the text."
+)
+ContinueFinalMessage = _only(False, "continue_final_message", "the answer is always a new assistant message.")
+SpacesBetweenSpecialTokens = Annotated[
+    bool | None, Field(description="Accepted: special tokens are skipped, so there is nothing to space.")
+]

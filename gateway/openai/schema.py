@@ -155,6 +155,9 @@ class _GenerationRequest(_Request):
     guided_choice: GuidedChoice = None
     guided_grammar: str | None = Field(None, description="Older vLLM form of structured_outputs.grammar.")
     guided_decoding_backend: Backend = None
+    skip_special_tokens: accepted.SkipSpecialTokens = None
+    include_stop_str_in_output: accepted.IncludeStopStrInOutput = None
+    spaces_between_special_tokens: accepted.SpacesBetweenSpecialTokens = None
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -194,6 +197,7 @@ class ChatCompletionRequest(_GenerationRequest):
         None, description="Extra chat template variables (enable_thinking...), over the server's defaults."
     )
     add_generation_prompt: accepted.AddGenerationPrompt = None
+    continue_final_message: accepted.ContinueFinalMessage = None
 
 
 # The four prompt forms OpenAI accepts (documented with their bounds), normalised to a list of

@@ -76,6 +76,13 @@ async def test_missing_field_says_which(client: httpx.AsyncClient) -> None:
         ({"web_search_options": {}}, "web_search_options"),
         ({"chat_template": "{{ messages }}"}, "chat_template"),
         ({"service_tier": "flex"}, "service_tier"),
+        ({"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
+        ({"prompt_cache_retention": "24h"}, "prompt_cache_retention"),
+        ({"prompt_cache_options": {"mode": "explicit"}}, "prompt_cache_options.mode"),
+        ({"verbosity": "low"}, "verbosity"),
+        ({"skip_special_tokens": False}, "skip_special_tokens"),
+        ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+        ({"continue_final_message": True}, "continue_final_message"),
     ],
 )
 async def test_unsupported_features_are_400_not_silently_dropped(
@@ -84,7 +91,8 @@ async def test_unsupported_features_are_400_not_silently_dropped(
     response = await client.post(CHAT, json={**VALID_CHAT, **fields})
 
     assert response.status_code == 400
-    assert response.json() == error(IsStr(regex=r".*(not supported|Only ).*"), param=param)
+    refused = IsStr(regex=r".*(not supported|not available|Only |must be).*")
+    assert response.json() == error(refused, param=param)
 
 
 @pytest.mark.parametrize("field", ["guided_whitespace_pattern", "documents", "no_such_field"])

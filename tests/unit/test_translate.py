@@ -187,6 +187,12 @@ def test_fields_accepted_without_effect_leave_the_job_as_it_was() -> None:
         modalities=["text"],
         verbosity="medium",
         stream_options={"include_obfuscation": False},
+        prompt_cache_retention="in_memory",
+        prompt_cache_options={"mode": "implicit", "ttl": "30m"},
+        skip_special_tokens=True,
+        include_stop_str_in_output=False,
+        spaces_between_special_tokens=False,
+        continue_final_message=False,
     )
 
     assert translate.chat_job(request, REQUEST_ID, CREATED_AT) == translate.chat_job(
