@@ -159,6 +159,8 @@ def _describe(error: Mapping[str, Any], param: str | None) -> str:
         return "The request body must be a JSON object."
     if kind == "missing":
         return f"Missing required parameter: '{param}'."
+    if kind == "extra_forbidden":
+        return f"Unrecognized request argument supplied: {param}."  # OpenAI's words
     message = str(error["msg"])
     return f"Invalid '{param}': {message}" + ("" if message.endswith(".") else ".")
 

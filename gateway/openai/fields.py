@@ -7,9 +7,8 @@ raise a ``PydanticCustomError`` with a sentence meant for the client; its locati
 becomes the OpenAI ``param`` (``messages.2.content``). A feature we do not
 implement yet is refused with a 400 naming the field, never silently dropped.
 
-Intentional divergence: ``tools`` and ``functions`` are refused
-only when they ask for something (an empty list or map, or ``tool_choice:
-"none"``, is accepted), because several client libraries always send them.
+Tools, tool choices and structured-output fields are ``gateway/openai/agent_schema.py``'s;
+fields accepted without effect, or refused by value, are ``gateway/openai/accepted_fields.py``'s.
 """
 
 from __future__ import annotations
@@ -37,22 +36,16 @@ from gateway.openai.limits import (
 
 _T = TypeVar("_T")
 
-CHAT_ROLES = frozenset({"system", "developer", "user", "assistant"})
-_TOOL_ROLES = frozenset({"tool", "function"})
+# ``function`` is the deprecated form of ``tool``: a function's result, named by ``name``.
+CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool", "function"})
 
 
 def validate_role(role: str) -> str:
-    """Accept the chat roles we can template; tool roles get their own explanation."""
-    if role in _TOOL_ROLES:
-        raise PydanticCustomError(
-            "not_supported",
-            "Messages with role '{role}' are not supported yet (no tool calling).",
-            {"role": role},
-        )
+    """Accept the chat roles a template can render."""
     if role not in CHAT_ROLES:
         raise PydanticCustomError(
             "invalid_role",
-            "Invalid role '{role}': expected system, developer, user or assistant.",
+            "Invalid role '{role}': expected system, developer, user, assistant, tool or function.",
             {"role": role},
         )
     return role
@@ -64,7 +57,7 @@ def normalize_content(content: Any) -> Any:
     Without this, a bad part would be reported once per union branch, with branch
     names in the location; here the client gets one sentence about the part.
     """
-    if isinstance(content, str):
+    if content is None or isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise PydanticCustomError(
@@ -130,16 +123,8 @@ def refuse_when(is_requested: Callable[[Any], bool], message: str) -> AfterValid
     return AfterValidator(check)
 
 
-def _is_truthy(value: Any) -> bool:
-    return bool(value)
-
-
 def _is_not_none(value: Any) -> bool:
     return value is not None
-
-
-def _is_a_tool_choice(value: Any) -> bool:
-    return value is not None and value != "none"
 
 
 # Sampling fields of both request bodies.
@@ -190,8 +175,6 @@ MinTokens = Annotated[
 ]
 IgnoreEos = Annotated[bool | None, Field(description="Keep generating past the end-of-sequence token.")]
 
-# Features refused for now, each with the sentence the client gets.
-_NOT_YET = "Not supported yet."
 ChoiceCount = Annotated[
     int | None,
     Field(
@@ -211,25 +194,6 @@ BestOf = Annotated[
 LogitBias = Annotated[
     LogitBiasMap | None,
     Field(description="Token id (as a string) -> bias in [-100, 100] added to that token's logit."),
-]
-Tools = Annotated[
-    list[Any] | None,
-    Field(description=_NOT_YET),
-    refuse_when(_is_truthy, "Tool calling (tools) is not supported yet."),
-]
-Functions = Annotated[
-    list[Any] | None, Field(description=_NOT_YET), refuse_when(_is_truthy, "functions are not supported yet.")
-]
-ToolChoice = Annotated[
-    Any, Field(description=_NOT_YET), refuse_when(_is_a_tool_choice, "tool_choice is not supported yet.")
-]
-FunctionCall = Annotated[
-    Any, Field(description=_NOT_YET), refuse_when(_is_a_tool_choice, "function_call is not supported yet.")
-]
-MessageToolCalls = Annotated[
-    list[Any] | None,
-    Field(description=_NOT_YET),
-    refuse_when(_is_truthy, "Tool calls in messages are not supported yet."),
 ]
 ChatLogprobs = Annotated[
     bool | None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from gateway.openai.schema import ChoiceLogprobs, CompletionChoiceLogprobs, TokenLogprob, TopLogprob
+from gateway.openai.objects import ChoiceLogprobs, CompletionChoiceLogprobs, TokenLogprob, TopLogprob
 from shared.protocol import PromptLogprob
 from shared.protocol import TokenLogprob as WireLogprob
 from shared.protocol import TopLogprob as WireTopLogprob

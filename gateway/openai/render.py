@@ -12,20 +12,23 @@ how many prompts finished), so each streamed response gets its own small
 ``ChatStream`` or ``CompletionStream``; everything else is a free function.
 A worker that sends no ``ChoiceFinished`` (an older one) is still understood: the
 choices it left open end with ``Finished``'s reason. Logprobs take OpenAI's shapes
-in ``gateway/openai/logprobs.py``.
+in ``gateway/openai/logprobs.py``; a chat choice's reasoning and tool calls take
+theirs in ``gateway/openai/assistant.py``, and a request that used the deprecated
+``functions`` (``ResponseMeta.legacy_functions``) gets ``function_call`` instead.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from pydantic import MISSING, BaseModel
 
+from gateway.openai import assistant
+from gateway.openai.folds import ChoiceFold, fold_choices
 from gateway.openai.logprobs import chat_logprobs, completion_logprobs
-from gateway.openai.schema import (
-    AssistantMessage,
+from gateway.openai.objects import (
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -36,7 +39,6 @@ from gateway.openai.schema import (
     FinishReasonName,
     Usage,
 )
-from shared.errors import WorkerFailed
 from shared.protocol import (
     Accepted,
     ChoiceFinished,
@@ -52,6 +54,7 @@ from shared.protocol import Usage as WireUsage
 _FINISH_REASONS: dict[FinishReason, FinishReasonName] = {
     FinishReason.STOP: "stop",
     FinishReason.LENGTH: "length",
+    FinishReason.TOOL_CALLS: "tool_calls",
 }
 
 
@@ -67,6 +70,7 @@ class ResponseMeta:
     n: int = 1  # choices per prompt
     prompts: int = 1  # jobs whose events make up the response
     logprobs: bool = False  # with echo: the prompt's text goes out with its logprobs
+    legacy_functions: bool = False  # calls go out as the deprecated function_call
 
     @property
     def defers_echo(self) -> bool:
@@ -93,50 +97,18 @@ def summed_usage(finished: Iterable[Finished]) -> Usage:
 # Events -> whole objects (non-streaming)
 
 
-@dataclass
-class _ChoiceFold:
-    texts: list[str] = field(default_factory=list)
-    logprobs: list[WireLogprob] | None = None
-    prompt_logprobs: list[PromptLogprob] | None = None
-    finish_reason: FinishReason | None = None
-
-    def add(self, delta: Delta) -> None:
-        self.texts.append(delta.text)
-        if delta.logprobs is not None:
-            self.logprobs = (self.logprobs or []) + delta.logprobs
-        if delta.prompt_logprobs is not None:
-            self.prompt_logprobs = delta.prompt_logprobs
-
-    @property
-    def text(self) -> str:
-        return "".join(self.texts)
-
-
-def _fold_choices(events: Sequence[TokenEvent], n: int) -> tuple[list[_ChoiceFold], Finished]:
-    """Each choice's text, logprobs and finish reason, from one job's events."""
-    choices = [_ChoiceFold() for _ in range(n)]
-    finished: Finished | None = None
-    for event in events:
-        if isinstance(event, Delta):
-            choices[event.index].add(event)
-        elif isinstance(event, ChoiceFinished):
-            choices[event.index].finish_reason = event.finish_reason
-        elif isinstance(event, Finished):
-            finished = event
-    if finished is None:
-        raise WorkerFailed("the worker ended the request without finishing it")
-    return choices, finished
-
-
 def chat_completion(meta: ResponseMeta, events: Sequence[TokenEvent]) -> ChatCompletion:
     """Fold a request's events (Accepted ... Finished) into one chat.completion."""
-    folds, finished = _fold_choices(events, meta.n)
+    folds, finished = fold_choices(events, meta.n)
+    legacy = meta.legacy_functions
     choices = [
         ChatChoice(
             index=index,
-            message=AssistantMessage(content=fold.text),
+            message=assistant.assistant_message(fold.text, "".join(fold.reasoning), fold.calls, legacy),
             logprobs=None if fold.logprobs is None else chat_logprobs(fold.logprobs),
-            finish_reason=_FINISH_REASONS[fold.finish_reason or finished.finish_reason],
+            finish_reason=assistant.finish_reason(
+                _FINISH_REASONS[fold.finish_reason or finished.finish_reason], legacy
+            ),
         )
         for index, fold in enumerate(folds)
     ]
@@ -150,7 +122,7 @@ def text_completion(meta: ResponseMeta, results: Sequence[Sequence[TokenEvent]])
     choices: list[CompletionChoice] = []
     finished: list[Finished] = []
     for prompt_index, events in enumerate(results):
-        folds, done = _fold_choices(events, meta.n)
+        folds, done = fold_choices(events, meta.n)
         finished.append(done)
         echo = _echoed_prompt(meta, events)
         for index, fold in enumerate(folds):
@@ -160,7 +132,7 @@ def text_completion(meta: ResponseMeta, results: Sequence[Sequence[TokenEvent]])
     )
 
 
-def _completion_choice(index: int, echo: str, fold: _ChoiceFold, finished: Finished) -> CompletionChoice:
+def _completion_choice(index: int, echo: str, fold: ChoiceFold, finished: Finished) -> CompletionChoice:
     entries: list[WireLogprob | PromptLogprob] = [*(fold.prompt_logprobs or []), *(fold.logprobs or [])]
     return CompletionChoice(
         text=echo + fold.text,
@@ -230,30 +202,30 @@ class ChatStream:
 
     def __init__(self, meta: ResponseMeta) -> None:
         self._meta = meta
-        self._chunks = _Chunks(meta, ChatCompletionChunk, _ended_chat_choice)
+        self._chunks = _Chunks(meta, ChatCompletionChunk, self._ended_choice)
 
     def chunks(self, event: TokenEvent) -> list[ChatCompletionChunk]:
         """The chunks one event becomes (often one, sometimes none or several)."""
         if isinstance(event, Accepted):
             return [self._chunks.of(_opening_chat_choice(index)) for index in range(self._meta.n)]
         if isinstance(event, Delta):
-            return [self._delta_chunk(event)] if event.text or event.logprobs else []
+            return [self._delta_chunk(event)] if assistant.has_parts(event) else []
         if isinstance(event, ChoiceFinished | Finished):
             return self._chunks.ending(event)
         return []
 
     def _delta_chunk(self, delta: Delta) -> ChatCompletionChunk:
         logprobs = None if delta.logprobs is None else chat_logprobs(delta.logprobs)
-        choice = ChatChunkChoice(index=delta.index, delta=ChatDelta(content=delta.text), logprobs=logprobs)
-        return self._chunks.of(choice)
+        content = assistant.chat_delta(delta, self._meta.legacy_functions)
+        return self._chunks.of(ChatChunkChoice(index=delta.index, delta=content, logprobs=logprobs))
+
+    def _ended_choice(self, index: int, finish_reason: FinishReasonName) -> ChatChunkChoice:
+        reason = assistant.finish_reason(finish_reason, self._meta.legacy_functions)
+        return ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=reason)
 
 
 def _opening_chat_choice(index: int) -> ChatChunkChoice:
     return ChatChunkChoice(index=index, delta=ChatDelta(role="assistant", content=""))
-
-
-def _ended_chat_choice(index: int, finish_reason: FinishReasonName) -> ChatChunkChoice:
-    return ChatChunkChoice(index=index, delta=ChatDelta(), finish_reason=finish_reason)
 
 
 class CompletionStream:

@@ -11,14 +11,8 @@ from fastapi import APIRouter
 from sse_starlette import EventSourceResponse
 
 from gateway.http.deps import JsonBody
-from gateway.openai.schema import (
-    ChatCompletion,
-    ChatCompletionRequest,
-    Completion,
-    CompletionRequest,
-    ModelCard,
-    ModelList,
-)
+from gateway.openai.objects import ChatCompletion, Completion, ModelCard, ModelList
+from gateway.openai.schema import ChatCompletionRequest, CompletionRequest
 from gateway.openai.service import ModelCatalogDep, OpenAIDep
 
 router = APIRouter(tags=["openai"])

@@ -1,30 +1,48 @@
-"""Owns the public OpenAI HTTP schema: request and response models of the endpoints we serve.
+"""Owns the public OpenAI HTTP schema of requests (and the error envelope every response shares).
 
-Requests ignore fields they do not know (clients send many we have no use for),
-document themselves through ``Field(description=...)`` and keep OpenAI's field
-order, then our HuggingFace extras. Their field types, bounds and refusals live
-in ``gateway/openai/fields.py``. These models never leave the gateway: translation
-to the job protocol is ``gateway/openai/translate.py``'s business.
+A request body refuses a top-level field it does not declare (OpenAI's 400
+"Unrecognized request argument supplied"), so nothing a client asks for is dropped
+silently; nested objects (messages, tools) ignore unknown keys, because clients
+replay whole objects they were sent (an SDK's message with ``refusal: null``).
+Requests document themselves through ``Field(description=...)`` and keep OpenAI's
+field order, then our HuggingFace and vLLM extras. Field types, bounds and
+refusals live in ``gateway/openai/fields.py``, agent fields (tools, response
+formats, structured outputs) in ``gateway/openai/agent_schema.py``, fields accepted
+without effect in ``gateway/openai/accepted_fields.py``; the objects we answer
+with in ``gateway/openai/objects.py``. These models never leave the gateway:
+translation to the job protocol is ``gateway/openai/translate.py``'s business.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import MISSING, AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
 
+from gateway.openai import accepted_fields as accepted
+from gateway.openai.agent_schema import (
+    Backend,
+    CalledFunction,
+    FunctionCall,
+    Functions,
+    GuidedChoice,
+    GuidedJson,
+    MessageToolCalls,
+    ResponseFormat,
+    StructuredOutputs,
+    ToolChoice,
+    Tools,
+)
 from gateway.openai.fields import (
     BestOf,
     ChatLogprobs,
     ChoiceCount,
     CompletionLogprobs,
-    FunctionCall,
-    Functions,
     IgnoreEos,
     LengthPenalty,
     LogitBias,
     MaxTokens,
-    MessageToolCalls,
     MinP,
     MinTokens,
     NoRepeatNgramSize,
@@ -35,8 +53,6 @@ from gateway.openai.fields import (
     Stop,
     Suffix,
     Temperature,
-    ToolChoice,
-    Tools,
     TopK,
     TopLogprobs,
     TopP,
@@ -44,7 +60,6 @@ from gateway.openai.fields import (
     User,
     normalize_content,
     normalize_prompt,
-    refuse_when,
     validate_role,
 )
 from gateway.openai.limits import MAX_MESSAGES, MAX_PROMPT_TOKENS, MAX_PROMPTS, MAX_TOKEN_ID
@@ -57,14 +72,7 @@ class _Request(BaseModel):
 
 class StreamOptions(_Request):
     include_usage: bool | None = Field(None, description="Send a final chunk carrying the usage.")
-
-
-class ResponseFormat(_Request):
-    type: Annotated[
-        str,
-        Field(description="Only `text` is supported for now."),
-        refuse_when(lambda kind: kind != "text", "Only response_format type 'text' is supported yet."),
-    ]
+    include_obfuscation: accepted.IncludeObfuscation = None
 
 
 class TextContentPart(_Request):
@@ -76,15 +84,33 @@ class ChatMessageParam(_Request):
     role: Annotated[
         str,
         AfterValidator(validate_role),
-        Field(description="system, developer, user or assistant (tool roles are not supported yet)."),
+        Field(description="system, developer, user, assistant, tool, or function (deprecated tool)."),
     ]
     content: Annotated[
-        str | list[TextContentPart],
+        str | list[TextContentPart] | None,
         BeforeValidator(normalize_content),
-        Field(description="Text, or a list of text parts (joined with newlines)."),
-    ]
-    name: str | None = Field(None, description="Optional participant name.")
+        Field(description="Text or text parts (joined with newlines); null: an assistant's calls only."),
+    ] = None
+    name: str | None = Field(None, description="Participant name; a function message's function.")
     tool_calls: MessageToolCalls = None
+    tool_call_id: str | None = Field(None, description="A tool message answers the call with this id.")
+    function_call: CalledFunction | None = Field(None, description="Deprecated form of one tool call.")
+
+    @model_validator(mode="after")
+    def _complete(self) -> ChatMessageParam:
+        if self.content is None and not (
+            self.role == "assistant" and (self.tool_calls or self.function_call)
+        ):
+            raise PydanticCustomError(
+                "missing_content", "Only an assistant message that calls tools may have no content."
+            )
+        if self.role == "tool" and not self.tool_call_id:
+            raise PydanticCustomError(
+                "missing_tool_call_id", "A tool message needs the tool_call_id it answers."
+            )
+        if self.role == "function" and not self.name:
+            raise PydanticCustomError("missing_name", "A function message needs the function's name.")
+        return self
 
 
 class _GenerationRequest(_Request):
@@ -92,7 +118,13 @@ class _GenerationRequest(_Request):
 
     The HuggingFace parameters after ``user`` are tokenferry extensions; the
     OpenAI SDK sends them from ``extra_body``, which lands at the top level.
+    Unknown fields are refused (as OpenAI refuses them): a field we would drop
+    silently might have been asked for. Structured-output fields come last:
+    ``response_format`` (OpenAI's), then vLLM's ``structured_outputs`` and its older
+    ``guided_*`` forms; at most one of them may constrain the output.
     """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str = Field(description="Name of a model served by a live worker.")
     frequency_penalty: Penalty = None
@@ -116,6 +148,16 @@ class _GenerationRequest(_Request):
     num_beams: NumBeams = None
     min_tokens: MinTokens = None
     ignore_eos: IgnoreEos = None
+    response_format: ResponseFormat | None = Field(None, description="text, json_object or json_schema.")
+    structured_outputs: StructuredOutputs | None = Field(None, description="vLLM's structured outputs.")
+    guided_json: GuidedJson = None
+    guided_regex: str | None = Field(None, description="Older vLLM form of structured_outputs.regex.")
+    guided_choice: GuidedChoice = None
+    guided_grammar: str | None = Field(None, description="Older vLLM form of structured_outputs.grammar.")
+    guided_decoding_backend: Backend = None
+    skip_special_tokens: accepted.SkipSpecialTokens = None
+    include_stop_str_in_output: accepted.IncludeStopStrInOutput = None
+    spaces_between_special_tokens: accepted.SpacesBetweenSpecialTokens = None
 
 
 class ChatCompletionRequest(_GenerationRequest):
@@ -124,14 +166,38 @@ class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessageParam] = Field(
         min_length=1, max_length=MAX_MESSAGES, description="The conversation so far."
     )
+    audio: accepted.Audio = None
     function_call: FunctionCall = None
     functions: Functions = None
     logprobs: ChatLogprobs = None
     max_completion_tokens: MaxTokens = None
-    response_format: ResponseFormat | None = Field(None, description="Only {'type': 'text'} for now.")
+    metadata: accepted.Metadata = None
+    modalities: accepted.Modalities = None
+    moderation: accepted.Moderation = None
+    parallel_tool_calls: bool | None = Field(
+        None, description="Allow several calls in one answer (default true)."
+    )
+    prediction: accepted.Prediction = None
+    prompt_cache_key: accepted.PromptCacheKey = None
+    prompt_cache_options: accepted.PromptCacheOptions | None = Field(
+        None, description="Implicit caching only."
+    )
+    prompt_cache_retention: accepted.PromptCacheRetention = None
+    reasoning_effort: accepted.ReasoningEffort = None
+    safety_identifier: accepted.SafetyIdentifier = None
+    service_tier: accepted.ServiceTier = None
+    store: accepted.Store = None
     tool_choice: ToolChoice = None
     tools: Tools = None
     top_logprobs: TopLogprobs = None
+    verbosity: accepted.Verbosity = None
+    web_search_options: accepted.WebSearchOptions = None
+    chat_template: accepted.ChatTemplate = None
+    chat_template_kwargs: dict[str, Any] | None = Field(
+        None, description="Extra chat template variables (enable_thinking...), over the server's defaults."
+    )
+    add_generation_prompt: accepted.AddGenerationPrompt = None
+    continue_final_message: accepted.ContinueFinalMessage = None
 
 
 # The four prompt forms OpenAI accepts (documented with their bounds), normalised to a list of
@@ -163,121 +229,6 @@ class CompletionRequest(_GenerationRequest):
     )
     logprobs: CompletionLogprobs = None
     suffix: Suffix = None
-
-
-# Responses. Field order follows OpenAI's, so serialized objects read like theirs.
-
-FinishReasonName = Literal["stop", "length"]
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
-class TopLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = Field(description="The token's UTF-8 bytes.")
-
-
-class TokenLogprob(BaseModel):
-    token: str
-    logprob: float
-    bytes: list[int] | None = Field(description="The token's UTF-8 bytes.")
-    top_logprobs: list[TopLogprob] = Field(description="The most likely tokens at this position.")
-
-
-class ChoiceLogprobs(BaseModel):
-    """Chat logprobs: one entry per generated token."""
-
-    content: list[TokenLogprob] | None
-    refusal: list[TokenLogprob] | None = None
-
-
-class CompletionChoiceLogprobs(BaseModel):
-    """Legacy completions logprobs: parallel lists, one entry per token (prompt tokens first with echo)."""
-
-    text_offset: list[int] = Field(description="Where each token's text starts in the choice's text.")
-    token_logprobs: list[float | None] = Field(description="Null for the prompt's first token.")
-    tokens: list[str]
-    top_logprobs: list[dict[str, float] | None] = Field(description="Most likely tokens at each position.")
-
-
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
-    content: str
-
-
-class ChatChoice(BaseModel):
-    index: int = 0
-    message: AssistantMessage
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: FinishReasonName
-
-
-class ChatCompletion(BaseModel):
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
-
-
-class ChatDelta(BaseModel):
-    # MISSING, unlike None, leaves the key out: OpenAI's deltas carry only what changed.
-    role: Literal["assistant"] | MISSING = MISSING
-    content: str | MISSING = MISSING
-
-
-class ChatChunkChoice(BaseModel):
-    index: int = 0
-    delta: ChatDelta
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: FinishReasonName | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatChunkChoice]
-    # Present (null on all but the last) only when the client asked for include_usage.
-    usage: Usage | MISSING | None = MISSING
-
-
-class CompletionChoice(BaseModel):
-    text: str
-    index: int = 0
-    logprobs: CompletionChoiceLogprobs | None = None
-    finish_reason: FinishReasonName | None = None
-
-
-class Completion(BaseModel):
-    """A text_completion object; also each chunk of a streamed completion."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | MISSING | None = MISSING
-
-
-class ModelCard(BaseModel):
-    id: str
-    object: Literal["model"] = "model"
-    created: int
-    owned_by: str = "tokenferry"
-    max_model_len: int = Field(description="Context window of the workers serving it, in tokens.")
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
 
 
 class ErrorObject(BaseModel):

@@ -25,7 +25,7 @@ from gateway.dispatch.dispatcher import unless_disconnected
 from gateway.http import sse
 from gateway.http.deps import GatewayState, PrincipalDep, RequestIdDep, get_state
 from gateway.http.errors import unknown_model
-from gateway.openai import render, schema, translate
+from gateway.openai import objects, render, schema, translate
 from shared import registry
 from shared.jobs.streams import StreamEvent
 from shared.protocol import GenerationJob
@@ -41,7 +41,7 @@ class OpenAIService:
     tenant: str
     receive: Receive
 
-    async def chat(self, body: schema.ChatCompletionRequest) -> schema.ChatCompletion | EventSourceResponse:
+    async def chat(self, body: schema.ChatCompletionRequest) -> objects.ChatCompletion | EventSourceResponse:
         """The assistant's next message; streamed as chat.completion.chunk events if asked."""
         created_at = time.time()
         [job] = translate.request_jobs(body, self.request_id, created_at, self.state.max_choices)
@@ -51,7 +51,7 @@ class OpenAIService:
             return await self._chat_stream(job, meta)
         return render.chat_completion(meta, await self.state.dispatcher.complete(job, self.receive))
 
-    async def complete(self, body: schema.CompletionRequest) -> schema.Completion | EventSourceResponse:
+    async def complete(self, body: schema.CompletionRequest) -> objects.Completion | EventSourceResponse:
         """Each prompt continued (one job per prompt); streamed as text_completion chunks if asked."""
         created_at = time.time()
         jobs = translate.request_jobs(body, self.request_id, created_at, self.state.max_choices)
@@ -102,11 +102,11 @@ class ModelCatalog:
 
     state: GatewayState
 
-    async def models(self) -> schema.ModelList:
+    async def models(self) -> objects.ModelList:
         """Every model at least one live worker serves, once each."""
         return translate.model_list(await registry.live_workers(self.state.pool))
 
-    async def model(self, model_id: str) -> schema.ModelCard:
+    async def model(self, model_id: str) -> objects.ModelCard:
         """One live model; 404 model_not_found when no live worker serves it."""
         cards = (await self.models()).data
         for card in cards:

@@ -13,19 +13,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
+from gateway.openai import agent_translate
+from gateway.openai.messages import chat_messages
+from gateway.openai.objects import ModelCard, ModelList
 from gateway.openai.render import ResponseMeta
-from gateway.openai.schema import (
-    ChatCompletionRequest,
-    ChatMessageParam,
-    CompletionRequest,
-    ModelCard,
-    ModelList,
-    TextContentPart,
-)
+from gateway.openai.schema import ChatCompletionRequest, CompletionRequest
 from gateway.tokenize.schema import DetokenizeRequest, TokenizeRequest
 from shared.errors import InvalidRequest
 from shared.protocol import (
-    ChatMessage,
     ChatPrompt,
     GenerationJob,
     Prompt,
@@ -38,10 +33,6 @@ from shared.registry import WorkerInfo
 
 CHAT_ID_PREFIX = "chatcmpl-"
 COMPLETION_ID_PREFIX = "cmpl-"
-# Text parts of one message are joined like vLLM does, so parts stay separate words.
-_PART_SEPARATOR = "\n"
-# OpenAI's newer "developer" role is what older chat templates call "system".
-_ROLE_ALIASES = {"developer": "system"}
 
 
 # Requests -> jobs
@@ -65,22 +56,30 @@ def request_jobs(
 
 def chat_job(request: ChatCompletionRequest, request_id: str, created_at: float) -> GenerationJob:
     """The job for a chat request; the worker applies the model's chat template."""
-    messages = [_chat_message(message) for message in request.messages]
-    max_tokens = request.max_completion_tokens or request.max_tokens
+    setup = agent_translate.tool_setup(request)
+    prompt = ChatPrompt(
+        messages=chat_messages(request.messages),
+        add_generation_prompt=request.add_generation_prompt is not False,
+        tools=setup.tools,
+        template_kwargs=agent_translate.template_kwargs(request),
+    )
     return GenerationJob(
         request_id=request_id,
         model=request.model,
-        prompt=ChatPrompt(messages=messages),
-        sampling=_sampling(request, max_tokens),
+        prompt=prompt,
+        sampling=_sampling(request, request.max_completion_tokens or request.max_tokens),
         created_at=created_at,
         n=request.n or 1,
         logprobs=_chat_logprobs(request),
+        constraint=agent_translate.job_constraint(request, setup),
+        tool_choice=setup.choice,
     )
 
 
 def completion_jobs(request: CompletionRequest, request_id: str, created_at: float) -> list[GenerationJob]:
     """One job per prompt of a completion request: raw text or token ids, no template."""
     _check_best_of(request)
+    constraint = agent_translate.job_constraint(request, agent_translate.ToolSetup())
     return [
         GenerationJob(
             request_id=prompt_request_id(request_id, index, len(request.prompt)),
@@ -93,6 +92,7 @@ def completion_jobs(request: CompletionRequest, request_id: str, created_at: flo
             logprobs=request.logprobs,
             # Echo with logprobs scores the echoed prompt too, as OpenAI does.
             prompt_logprobs=request.logprobs if request.echo else None,
+            constraint=constraint,
         )
         for index, prompt in enumerate(request.prompt)
     ]
@@ -129,20 +129,6 @@ def _completion_prompt(prompt: str | list[int]) -> Prompt:
     return TextPrompt(text=prompt) if isinstance(prompt, str) else TokenPrompt(token_ids=prompt)
 
 
-def _chat_message(message: ChatMessageParam) -> ChatMessage:
-    return ChatMessage(
-        role=_ROLE_ALIASES.get(message.role, message.role),
-        content=_content_text(message.content),
-        name=message.name,
-    )
-
-
-def _content_text(content: str | list[TextContentPart]) -> str:
-    if isinstance(content, str):
-        return content
-    return _PART_SEPARATOR.join(part.text for part in content)
-
-
 def _sampling(request: ChatCompletionRequest | CompletionRequest, max_tokens: int | None) -> SamplingSpec:
     return SamplingSpec(
         max_tokens=max_tokens,
@@ -175,7 +161,8 @@ def _stop_list(stop: str | list[str] | None) -> list[str] | None:
 
 
 def chat_meta(request: ChatCompletionRequest, request_id: str, created_at: float) -> ResponseMeta:
-    return _meta(request, CHAT_ID_PREFIX + request_id, created_at)
+    meta = _meta(request, CHAT_ID_PREFIX + request_id, created_at)
+    return replace(meta, legacy_functions=agent_translate.legacy_functions(request))
 
 
 def completion_meta(request: CompletionRequest, request_id: str, created_at: float) -> ResponseMeta:
@@ -208,7 +195,7 @@ def tokenize_job(request: TokenizeRequest, request_id: str) -> TokenizeJob:
         raise InvalidRequest("Give either prompt or messages to tokenize.", param="prompt")
     if request.messages is not None:
         prompt: Prompt = ChatPrompt(
-            messages=[_chat_message(message) for message in request.messages],
+            messages=chat_messages(request.messages),
             add_generation_prompt=request.add_generation_prompt,
         )
         add_special_tokens = bool(request.add_special_tokens)

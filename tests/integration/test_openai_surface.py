@@ -236,7 +236,13 @@ async def test_tokenizer_errors_are_openai_errors(
         ("/v1/chat/completions", {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ("/v1/chat/completions", {"top_logprobs": 21, "logprobs": True}, "top_logprobs"),
         ("/v1/chat/completions", {"top_logprobs": 2}, "top_logprobs"),
-        ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format.type"),
+        ("/v1/chat/completions", {"response_format": {"type": "json_schema"}}, "response_format"),
+        ("/v1/chat/completions", {"guided_regex": "("}, "guided_regex"),
+        (
+            "/v1/completions",
+            {"response_format": {"type": "json_object"}, "guided_choice": ["a"]},
+            "guided_choice",
+        ),
         ("/v1/chat/completions", {"logprobs": True, "num_beams": 2}, "logprobs"),
         ("/v1/chat/completions", {"n": 2, "num_beams": 2}, "n"),
         ("/v1/chat/completions", {"max_completion_tokens": 100_000}, "messages"),
@@ -251,7 +257,8 @@ async def test_bad_inputs_are_400s_naming_the_param(
     stack: Stack, path: str, fields: dict[str, Any], param: str
 ) -> None:
     client, _ = stack
-    base: dict[str, Any] = {"model": FAKE_MODEL, "messages": HI, "prompt": "x"}
+    prompt: dict[str, Any] = {"messages": HI} if path.endswith("chat/completions") else {"prompt": "x"}
+    base: dict[str, Any] = {"model": FAKE_MODEL, **prompt}
     response = await client.post(path, json={**base, **fields})
     assert response.status_code == 400, response.text
     assert response.json()["error"]["param"] == param
@@ -272,6 +279,11 @@ async def test_accepted_openai_fields_pass(stack: Stack) -> None:
         frequency_penalty=0.5,
         logit_bias={"65": 1.0},
         seed=1,
-        extra_body={"top_k": 5, "repetition_penalty": 1.1, "unknown_field": 1},
+        extra_body={"top_k": 5, "repetition_penalty": 1.1},
+        store=False,
+        metadata={"run": "1"},
+        prompt_cache_key="conversation-1",
+        safety_identifier="u-1",
+        service_tier="auto",
     )
     assert answer.choices[0].message.content == SCRIPT[:3]

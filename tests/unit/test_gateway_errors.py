@@ -53,12 +53,12 @@ async def test_validation_error_is_400_naming_the_parameter(client: httpx.AsyncC
 
 
 async def test_nested_validation_error_param_is_the_dotted_location(client: httpx.AsyncClient) -> None:
-    body = {"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "tool", "content": "b"}]}
+    body = {"model": "m", "messages": [{"role": "user", "content": "a"}, {"role": "robot", "content": "b"}]}
 
     response = await client.post(CHAT, json=body)
 
     assert response.status_code == 400
-    assert response.json() == error(IsStr(regex=r".*role 'tool'.*not supported.*"), param="messages.1.role")
+    assert response.json() == error(IsStr(regex=r".*Invalid role 'robot'.*"), param="messages.1.role")
 
 
 async def test_missing_field_says_which(client: httpx.AsyncClient) -> None:
@@ -70,9 +70,19 @@ async def test_missing_field_says_which(client: httpx.AsyncClient) -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"functions": [{"name": "f"}]}, "functions"),
-        ({"tools": [{"type": "function"}]}, "tools"),
-        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"audio": {"voice": "alloy", "format": "mp3"}}, "audio"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"store": True}, "store"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"chat_template": "{{ messages }}"}, "chat_template"),
+        ({"service_tier": "flex"}, "service_tier"),
+        ({"moderation": {"model": "omni-moderation-latest"}}, "moderation"),
+        ({"prompt_cache_retention": "24h"}, "prompt_cache_retention"),
+        ({"prompt_cache_options": {"mode": "explicit"}}, "prompt_cache_options.mode"),
+        ({"verbosity": "low"}, "verbosity"),
+        ({"skip_special_tokens": False}, "skip_special_tokens"),
+        ({"include_stop_str_in_output": True}, "include_stop_str_in_output"),
+        ({"continue_final_message": True}, "continue_final_message"),
     ],
 )
 async def test_unsupported_features_are_400_not_silently_dropped(
@@ -81,7 +91,18 @@ async def test_unsupported_features_are_400_not_silently_dropped(
     response = await client.post(CHAT, json={**VALID_CHAT, **fields})
 
     assert response.status_code == 400
-    assert response.json() == error(IsStr(regex=r".*(not supported|for now).*"), param=param)
+    refused = IsStr(regex=r".*(not supported|not available|Only |must be).*")
+    assert response.json() == error(refused, param=param)
+
+
+@pytest.mark.parametrize("field", ["guided_whitespace_pattern", "documents", "no_such_field"])
+async def test_unknown_fields_are_400_naming_them_as_openai_does(
+    client: httpx.AsyncClient, field: str
+) -> None:
+    response = await client.post(CHAT, json={**VALID_CHAT, field: 1})
+
+    assert response.status_code == 400
+    assert response.json() == error(f"Unrecognized request argument supplied: {field}.", param=field)
 
 
 async def test_a_bad_prompt_in_a_list_is_refused_with_a_clear_message(client: httpx.AsyncClient) -> None:

@@ -176,10 +176,35 @@ def test_completion_job_carries_echo_and_leaves_max_tokens_to_the_worker() -> No
     assert job.sampling.max_tokens is None
 
 
-def test_unknown_fields_are_ignored() -> None:
-    request = chat_request(store=True, metadata={"a": "b"}, parallel_tool_calls=False)
+def test_fields_accepted_without_effect_leave_the_job_as_it_was() -> None:
+    request = chat_request(
+        store=False,
+        metadata={"a": "b"},
+        service_tier="auto",
+        prompt_cache_key="k",
+        safety_identifier="u1",
+        prediction={"type": "content", "content": "Hello"},
+        modalities=["text"],
+        verbosity="medium",
+        stream_options={"include_obfuscation": False},
+        prompt_cache_retention="in_memory",
+        prompt_cache_options={"mode": "implicit", "ttl": "30m"},
+        skip_special_tokens=True,
+        include_stop_str_in_output=False,
+        spaces_between_special_tokens=False,
+        continue_final_message=False,
+    )
 
-    assert translate.chat_job(request, REQUEST_ID, CREATED_AT).sampling == SamplingSpec()
+    assert translate.chat_job(request, REQUEST_ID, CREATED_AT) == translate.chat_job(
+        chat_request(), REQUEST_ID, CREATED_AT
+    )
+
+
+def test_unknown_fields_are_refused_by_name() -> None:
+    with pytest.raises(ValidationError) as caught:
+        chat_request(guided_whitespace_pattern=" ")
+
+    assert caught.value.errors()[0]["loc"] == ("guided_whitespace_pattern",)
 
 
 @pytest.mark.parametrize(
@@ -187,19 +212,19 @@ def test_unknown_fields_are_ignored() -> None:
     [
         ({"n": 0}, "n"),
         ({"n": 129}, "n"),
-        ({"tools": [{"type": "function"}]}, "tools"),
-        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"tools": [{"type": "function"}]}, "tools.0.function"),
+        ({"tool_choice": "any"}, "tool_choice"),
         ({"top_logprobs": 21}, "top_logprobs"),
         ({"top_logprobs": -1}, "top_logprobs"),
         ({"logit_bias": {"one": 5}}, "logit_bias"),
         ({"logit_bias": {"1": 101}}, "logit_bias"),
-        ({"response_format": {"type": "json_object"}}, "response_format.type"),
+        ({"response_format": {"type": "regex"}}, "response_format.type"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"stop": [""]}, "stop"),
         ({"temperature": 2.5}, "temperature"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"messages": []}, "messages"),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages.0.content"),
     ],
 )
