@@ -8,9 +8,10 @@ what the worker could not honour: a schema, regex or grammar that does not compi
 (``response_format`` with ``guided_regex``, or a ``required`` tool choice with a
 JSON ``response_format``): each is a 400 naming the parameter.
 
-A ``required`` or named tool choice becomes the job's constraint
-(``shared/structured/tools.call_constraint``); the job's ``tool_choice`` tells the
-worker how to read the output back as calls. The deprecated ``functions`` and
+A ``required`` or named tool choice is checked here to compile
+(``shared/structured/tools.call_constraint``) but travels only as the job's
+``tool_choice``: the worker derives the same constraint from it and reads the
+output back as calls, one rule for every API that takes tools. The deprecated ``functions`` and
 ``function_call`` take the same path with one call at most, and the answer comes back
 in their own shape (``message.function_call``, see ``legacy_functions``).
 """
@@ -133,7 +134,7 @@ def job_constraint(request: ChatCompletionRequest | CompletionRequest, setup: To
             param=sources[1].param,
         )
     if not sources:
-        return setup.constraint
+        return None  # a forced call's constraint is the worker's to derive from the tool choice
     grammars.check(sources[0])
     return sources[0]
 

@@ -76,9 +76,11 @@ def test_required_choice_constrains_the_output_to_a_list_of_calls() -> None:
 
     choice = ToolChoice(mode="required", parallel=False)
     assert job.tool_choice == choice
-    assert job.constraint == tools.call_constraint([WEATHER_TOOL, TIME_TOOL], choice)
-    assert job.constraint is not None and job.constraint.kind == "json"
-    assert job.constraint.json_schema is not None and job.constraint.json_schema["maxItems"] == 1
+    # The worker derives the constraint from the tool choice: the job carries no second copy.
+    assert job.constraint is None
+    constraint = tools.call_constraint([WEATHER_TOOL, TIME_TOOL], choice)
+    assert constraint is not None and constraint.json_schema is not None
+    assert constraint.json_schema["maxItems"] == 1
 
 
 def test_named_choice_constrains_the_output_to_that_functions_arguments() -> None:
@@ -87,7 +89,10 @@ def test_named_choice_constrains_the_output_to_that_functions_arguments() -> Non
     )
 
     assert job.tool_choice == ToolChoice(mode="named", name="get_weather", parallel=True)
-    assert job.constraint == JsonConstraint(json_schema=WEATHER_PARAMETERS, param="tool_choice")
+    assert job.constraint is None
+    assert tools.call_constraint([WEATHER_TOOL, TIME_TOOL], job.tool_choice) == JsonConstraint(
+        json_schema=WEATHER_PARAMETERS, param="tool_choice"
+    )
 
 
 def test_choice_none_keeps_the_tools_in_the_template_but_parses_no_call() -> None:
@@ -122,7 +127,7 @@ def test_legacy_functions_take_the_tools_path_with_one_call_at_most() -> None:
 
     assert job.prompt.kind == "chat" and job.prompt.tools == [WEATHER_TOOL]
     assert job.tool_choice == ToolChoice(mode="named", name="get_weather", parallel=False)
-    assert job.constraint == JsonConstraint(json_schema=WEATHER_PARAMETERS, param="tool_choice")
+    assert job.constraint is None
     assert translate.chat_meta(request, REQUEST_ID, 1.0).legacy_functions is True
 
 
