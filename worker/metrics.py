@@ -54,6 +54,8 @@ QUEUE_WAIT_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
 # vLLM's 1-2-5 series for request lengths; it stops at max_model_len, which is not known before the
 # model loads (the port is bound first), so ours runs to a million tokens.
 REQUEST_TOKENS_BUCKETS = (*(mantissa * 10**power for power in range(6) for mantissa in (1, 2, 5)), 1_000_000)
+# A cached grammar costs nothing; a fresh JSON schema ~1 ms on a CPU; a large tool list or grammar far more.
+GRAMMAR_COMPILE_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 MODEL_LABEL = "model_name"
 
 
@@ -146,6 +148,12 @@ class WorkerMetrics:
         self.prefix_cache_hits = self._counter(
             "prefix_cache_hit_tokens",
             "Prompt tokens whose KV was reused from the prefix cache instead of prefilled.",
+        )
+        # Observed from the preparation threads that compile (prometheus_client is thread-safe).
+        self.grammar_compile_seconds = self._histogram(
+            "grammar_compile_seconds",
+            "Compiling one structured-output grammar for the model's vocabulary (cache misses only).",
+            GRAMMAR_COMPILE_SECONDS_BUCKETS,
         )
         self.failovers = self._counter(
             "failovers", "Jobs of dead workers this worker's reaper put back in the queue to be resumed."

@@ -17,9 +17,12 @@ fails every request in the engine.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from shared.protocol import FinishReason
+
+if TYPE_CHECKING:
+    from worker.engine.grammar import CompiledGrammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,10 @@ class EngineRequest:
     resumed_tokens: int = 0
     # Lower runs first: interactive requests (0) are admitted and prefilled before batch ones (1).
     priority: int = 0
+    # What the output must match (structured outputs, a required or named tool call), compiled for
+    # this model's vocabulary in the job's preparation; None: free text. Backends that do not
+    # enforce grammars are never handed one (``worker/engine/grammar.py``).
+    grammar: CompiledGrammar | None = None
 
 
 def output_start(request: EngineRequest) -> int:

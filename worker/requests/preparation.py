@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from shared.errors import InvalidRequest
 from shared.protocol import ChatPrompt, GenerationJob, TextPrompt, TokenPrompt
 from worker.engine import EngineRequest
+from worker.engine.grammar import GrammarCompiler
 from worker.requests.choices import choice_requests
+from worker.requests.constraints import constrain
 from worker.requests.limits import ModelLimits, check_alternatives, check_prompt_ids
 from worker.requests.params import DefaultLayers, build_engine_request
 from worker.requests.tokenization import Tokenizer
@@ -41,7 +43,11 @@ class PreparedRequest:
 
 
 def prepare(
-    job: GenerationJob, tokenizer: Tokenizer, defaults: DefaultLayers, limits: ModelLimits
+    job: GenerationJob,
+    tokenizer: Tokenizer,
+    defaults: DefaultLayers,
+    limits: ModelLimits,
+    grammars: GrammarCompiler | None = None,
 ) -> PreparedRequest:
     """Tokenize the prompt and resolve parameters; raises ``TokenferryError`` subclasses."""
     prompt_ids = _prompt_token_ids(job, tokenizer)
@@ -54,6 +60,7 @@ def prepare(
     check_alternatives(job.prompt_logprobs, limits, "logprobs")
     engine_request = build_engine_request(job.request_id, prompt_ids, job.sampling, defaults, limits)
     _check_choices(job, engine_request)
+    engine_request = constrain(engine_request, job, grammars)
     engine_request = dataclasses.replace(
         engine_request,
         logprobs=job.logprobs,
