@@ -155,6 +155,10 @@ class WorkerMetrics:
             "Compiling one structured-output grammar for the model's vocabulary (cache misses only).",
             GRAMMAR_COMPILE_SECONDS_BUCKETS,
         )
+        self.grammar_mask_seconds = self._counter(
+            "grammar_mask_seconds",
+            "Engine time spent filling and applying structured-output token masks (a share of step time).",
+        )
         self.failovers = self._counter(
             "failovers", "Jobs of dead workers this worker's reaper put back in the queue to be resumed."
         )
@@ -183,6 +187,9 @@ class WorkerMetrics:
         # The engine's count is cumulative; the counter grows by what is new since the last read.
         self.prefix_cache_hits.inc(
             max(0, stats.prefix_cache_hit_tokens - self._engine_stats.prefix_cache_hit_tokens)
+        )
+        self.grammar_mask_seconds.inc(
+            max(0.0, stats.grammar_mask_seconds - self._engine_stats.grammar_mask_seconds)
         )
         self._engine_stats = stats
         self.running.set(stats.running)

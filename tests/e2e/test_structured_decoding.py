@@ -347,3 +347,31 @@ def test_the_same_grammar_compiles_once_and_every_sequence_gets_its_own_matcher(
     outcomes = run(loaded, [first, second])
     assert outcomes["a"].token_ids == outcomes["b"].token_ids  # neither matcher saw the other's tokens
     jsonschema.validate(json.loads(text(tokenizer, outcomes["a"])), schema)
+
+
+def test_logprobs_of_constrained_tokens_are_the_models_raw_ones_not_the_masked_distributions(
+    loaded: LoadedModel, tokenizer: HFTokenizer, grammars: GrammarCompiler
+) -> None:
+    import torch
+
+    schema = SCHEMAS[2]
+    request = dataclasses.replace(
+        prepared(
+            job("scored", ask_for(schema), JsonConstraint(json_schema=schema), max_tokens=4),
+            tokenizer,
+            grammars,
+        ),
+        logprobs=0,
+    )
+    engine = TransformersEngine(loaded.model, BatchLimits())
+    engine.add(request)
+    first = next(update for update in engine.step() if update.request_id == "scored")
+    assert first.logprobs is not None
+    (score,) = first.logprobs
+    with torch.inference_mode():
+        logits = loaded.model(input_ids=torch.tensor([request.prompt_token_ids])).logits[0, -1]
+    raw = float(torch.log_softmax(logits.float(), dim=-1)[score.token_id])
+    # Only the object's opening is allowed here: scored after masking, near 0; raw, the model's own.
+    assert score.logprob == pytest.approx(raw, abs=1e-3)
+    assert score.logprob < -1e-4
+    engine.close()

@@ -125,6 +125,7 @@ WORKER_FAMILIES = {
         "generation_tokens",
         "prefix_cache_hit_tokens",
         "grammar_compile_seconds",
+        "grammar_mask_seconds",
         "failovers",
         "request_success",
         "request_prompt_tokens",

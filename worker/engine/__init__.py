@@ -121,6 +121,8 @@ class EngineStats:
     kv_reserved_tokens: int = 0  # cache positions the running sequences may reach
     kv_capacity_tokens: int = 0  # the budget they are admitted against; 0: none (no shared cache)
     prefix_cache_hit_tokens: int = 0  # prompt tokens served from the prefix cache so far (cumulative)
+    grammar_mask_seconds: float = 0.0  # time spent filling and applying grammar masks so far (cumulative)
+    grammar_mask_fills: int = 0  # batched mask fills so far: one per forward with constrained rows
 
 
 class Engine(Protocol):

@@ -122,6 +122,8 @@ class GrammarCompiler:
         started = time.perf_counter()
         # The constructor never raises for a bad grammar: the matcher starts in its error state.
         matcher = llguidance.LLMatcher(tokenizer, text, log_level=0)
+        # The first mask builds the grammar's first lexer states (about 1 ms): here rather than in a step.
+        matcher.compute_bitmask()
         seconds = time.perf_counter() - started
         if matcher.is_error():
             problem = matcher.get_error().strip().splitlines()
@@ -134,9 +136,7 @@ class GrammarCompiler:
         return CompiledGrammar(text, matcher)
 
     def warm_up(self) -> CompiledGrammar | None:
-        """Compile a small JSON grammar and compute its first mask (the first one builds lazy tables)."""
+        """Compile a small JSON grammar (and its first mask: the first one builds lazy tables)."""
         if self._tokenizer is None:
             return None
-        compiled = self.compile(llguidance.LLMatcher.grammar_from_json_schema(WARM_UP_SCHEMA), "warm-up")
-        compiled.matcher().compute_bitmask()
-        return compiled
+        return self.compile(llguidance.LLMatcher.grammar_from_json_schema(WARM_UP_SCHEMA), "warm-up")

@@ -102,6 +102,8 @@ class TransformersEngine:
             kv_reserved_tokens=reserved_tokens([final_length(sequence.request) for sequence in admitted]),
             kv_capacity_tokens=self._scheduler.limits.max_batch_tokens,
             prefix_cache_hit_tokens=self._prefix_cache.hit_tokens,
+            grammar_mask_seconds=self._masks.seconds,
+            grammar_mask_fills=self._masks.fills,
         )
 
     def close(self) -> None:
