@@ -375,3 +375,23 @@ def test_logprobs_of_constrained_tokens_are_the_models_raw_ones_not_the_masked_d
     assert score.logprob == pytest.approx(raw, abs=1e-3)
     assert score.logprob < -1e-4
     engine.close()
+
+
+def test_a_workers_backend_warms_its_grammars_up_and_the_per_sequence_engine_refuses_constraints(
+    tokenizer: HFTokenizer,
+) -> None:
+    from worker.model.backend import load_backend
+    from worker.model.warmup import warm_up
+
+    compiled: list[float] = []
+    backend = load_backend(WorkerSettings(), on_grammar_compile=compiled.append)
+    assert backend.grammars is not None
+    warm_up(backend)  # a constrained generation: the grammar's compile and first masks are paid here
+    assert len(compiled) == 1 and backend.grammars.compiles == 1
+    request = prepared(job("w", "hi", RegexConstraint(pattern="[a-z]{3}")), tokenizer, backend.grammars)
+    assert request.grammar is not None and len(compiled) == 2
+    sequential = load_backend(WorkerSettings(disable_kv_cache=True))
+    assert sequential.grammars is not None
+    with pytest.raises(InvalidRequest, match="batched engine") as refused:
+        prepared(job("s", "hi", RegexConstraint(pattern="[a-z]{3}")), tokenizer, sequential.grammars)
+    assert refused.value.param == "structured_outputs.regex"

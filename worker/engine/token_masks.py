@@ -61,7 +61,7 @@ class TokenMasks:
             return result
         allowed = self._allowed(healthy, logits.shape[-1])
         rows = torch.tensor([index for index, _ in healthy], device=logits.device)
-        masked = logits.index_select(0, rows).masked_fill(~allowed.to(logits.device), float("-inf"))
+        masked = torch.where(allowed.to(logits.device), logits.index_select(0, rows), float("-inf"))
         open_rows = allowed.any(dim=-1).tolist()
         for position, (index, _) in enumerate(healthy):
             if open_rows[position]:
