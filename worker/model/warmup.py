@@ -7,8 +7,8 @@ token. A model that cannot run a five-token prompt cannot serve, so a failed
 warm-up stops the worker at start-up, before it takes a job.
 
 Where the engine enforces grammars, the warm-up request is constrained (a small
-JSON schema): the first compile and mask build llguidance's lazy tables and start
-its mask threads, off the first structured-output request's path.
+JSON schema): the first compile and masks build llguidance's lazy tables here, off
+the first structured-output request's path.
 """
 
 from __future__ import annotations
