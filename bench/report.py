@@ -207,9 +207,11 @@ def _structured_lines(results: Results) -> list[str]:
             f"compile p50 {engine['compile_ms_p50']} ms, p99 {engine['compile_ms_p99']} ms",
         ]
     if served:
+        ratio = served["tokens_per_s_ratio"]
+        compared = "no ratio" if ratio is None else f"x{ratio}"
         lines.append(
             f"  gateway: {served['half_constrained']['output_tokens_per_s']} vs "
-            f"{served['free']['output_tokens_per_s']} tok/s free (x{served['tokens_per_s_ratio']}); "
+            f"{served['free']['output_tokens_per_s']} tok/s free ({compared}); "
             f"{served['half_constrained']['enforced_json']} of {served['constrained_requests']} "
             "constrained streams started as JSON"
         )
