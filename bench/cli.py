@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import load, prefill, references
+from bench import load, prefill, references, structured
 from bench.options import BenchOptions, parse_options
 from bench.prompts import render_prompt_ids, user_prompts
 from bench.report import Results, emit, note, ratios, table
@@ -73,7 +73,7 @@ def worker_argv(options: BenchOptions) -> list[str]:
 def _prompt_count(options: BenchOptions) -> int:
     """Prompts the references need: every level's first C (``first_prompt`` on) and the naive requests'."""
     ends = [options.first_prompt(c) + c for c in options.concurrency]
-    return max(*ends, options.naive_requests)
+    return max(*ends, options.naive_requests, structured.ROWS)
 
 
 def _level_prompts(options: BenchOptions, prompts: list[list[int]], concurrency: int) -> list[list[int]]:
@@ -106,6 +106,10 @@ def run_references(options: BenchOptions, results: Results) -> None:
         note(f"tokenferry engine in-process, {concurrency} requests")
         measured = references.engine(served, _level_prompts(options, prompts, concurrency), tokens)
         results.engine[concurrency] = emit("reference_engine", {"concurrency": concurrency, **measured})
+    if not options.skip_structured:
+        note(f"structured outputs in-process: {structured.ROWS} rows free, then half with a JSON schema")
+        level = prompts[-structured.ROWS :]
+        results.structured_engine = emit("reference_structured", structured.in_process(served, level, tokens))
     if not options.skip_continuous_batching:
         _run_continuous_batching(options, loaded, prompts, results)
 
@@ -194,6 +198,16 @@ async def _sweep(servers: RunningServers, options: BenchOptions, results: Result
             continue
         run = await _run_level(servers, options, concurrency)
         results.gateway[concurrency] = emit("gateway", _gateway_fields(servers, options, concurrency, run))
+    if not options.skip_structured:
+        note(
+            f"gateway: {structured.ROWS} free requests, then {structured.ROWS} with half of them constrained"
+        )
+        # After every level's prompts: none is in the worker's prefix cache whole.
+        first = sum(options.requests_at(level) for level in options.concurrency)
+        measured = await structured.served(
+            servers.base_url, servers.model, options.output_tokens, first, options.max_seconds_per_level
+        )
+        results.structured_gateway = emit("gateway_structured", measured)
 
 
 def run_sweep(options: BenchOptions, results: Results) -> None:

@@ -40,6 +40,8 @@ import httpx
 from bench.prompts import chat_messages, user_prompt
 from bench.stats import RequestRecord
 
+# Extra fields of the request body, by the request's index in its level.
+ExtraBody = Callable[[int], dict[str, Any]]
 SETTLE_AFTER_TRUNCATION_S = 3.0  # lets the worker drop aborted sequences before the next level
 # The unmeasured warm-up request; the in-process prefill reference replays it (``bench.prefill``).
 WARM_UP_PROMPT = "Say hello."
@@ -96,8 +98,10 @@ def _consume_line(record: RequestRecord, line: str) -> None:
         record.error = f"stream error: {chunk['error'].get('message', chunk['error'])}"
         return
     choices = chunk.get("choices") or []
-    if choices and (choices[0].get("delta") or {}).get("content"):
+    content = (choices[0].get("delta") or {}).get("content") if choices else None
+    if content:
         record.chunk_times.append(time.perf_counter())
+        record.content += content
     usage = chunk.get("usage")
     if usage:
         record.completion_tokens = int(usage["completion_tokens"])
@@ -132,12 +136,13 @@ async def _client_task(
     max_tokens: int,
     first_prompt: int,
     after_request: _PausedHook | None,
+    extra_body: ExtraBody | None,
 ) -> None:
     while (index := next(indices)) < requests:
         record = RequestRecord(index=index, started_at=time.perf_counter())
         records.append(record)
-        prompt = user_prompt(first_prompt + index)
-        await stream_chat(client, record, _request_body(model, prompt, max_tokens))
+        body = _request_body(model, user_prompt(first_prompt + index), max_tokens)
+        await stream_chat(client, record, body | (extra_body(index) if extra_body else {}))
         if after_request is not None:
             after_request.run(index)
 
@@ -152,10 +157,12 @@ async def run_level(
     max_seconds: float,
     first_prompt: int = 0,
     after_request: Callable[[int], None] | None = None,
+    extra_body: ExtraBody | None = None,
 ) -> LevelRun:
     """Run one sweep level and return every request's record.
 
     ``after_request`` (C=1 only) is called with each ended request's index, with the level's clock stopped.
+    ``extra_body`` gives request ``index``'s extra fields (``response_format``: ``bench.structured``).
     """
     if after_request is not None and concurrency != 1:
         raise ValueError("after_request blocks the event loop: only a C=1 level can take it")
@@ -181,6 +188,7 @@ async def run_level(
                             max_tokens=max_tokens,
                             first_prompt=first_prompt,
                             after_request=hook,
+                            extra_body=extra_body,
                         )
                     )
         except TimeoutError:

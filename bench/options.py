@@ -34,6 +34,7 @@ class BenchOptions:
     skip_continuous_batching: bool
     skip_server: bool
     worker_args: tuple[str, ...]
+    skip_structured: bool = False
 
     def first_prompt(self, concurrency: int) -> int:
         """Index of the first prompt of a level: each level takes the next prompts of the list, so no
@@ -91,6 +92,11 @@ def _parser() -> argparse.ArgumentParser:
     add("--skip-continuous-batching", action="store_true", help="leave out model.generate_batch")
     add("--skip-server", action="store_true", help="only the in-process references")
     add(
+        "--skip-structured",
+        action="store_true",
+        help="leave out the structured-output phase (32 rows, half with a JSON schema; in process, served)",
+    )
+    add(
         "--worker-arg",
         action="append",
         default=[],
@@ -113,4 +119,5 @@ def parse_options(argv: Sequence[str] | None = None) -> BenchOptions:
         skip_continuous_batching=args.skip_continuous_batching,
         skip_server=args.skip_server,
         worker_args=tuple(args.worker_arg),
+        skip_structured=args.skip_structured,
     )

@@ -2,7 +2,8 @@
 
 Every JSON line has ``kind`` (``run``, ``reference_naive``, ``reference_prefill``,
 ``reference_static_batch``, ``reference_engine``, ``reference_continuous_batching``,
-``gateway``, ``ratio``) and ``schema`` (bumped when a field changes meaning), so lines from
+``gateway``, ``ratio``, ``reference_structured``, ``gateway_structured``) and ``schema``
+(bumped when a field changes meaning), so lines from
 several runs can be concatenated and filtered with ``jq``. Progress notes go to
 stderr, keeping stdout machine-readable up to the table, which follows a blank line.
 """
@@ -24,7 +25,8 @@ from bench.stats import percentile
 # process right after its served request), not in the references phase, and has `paired` and
 # `pairs`; its cap counts only its own time; ratio.ttft_minus_prefill_ms_paired_p50 is new; the
 # C=1 gateway line's wall_s leaves out the reference's time, and its requests open a connection each.
-SCHEMA = 3
+# 4: the structured-output phase's `reference_structured` and `gateway_structured` lines are new.
+SCHEMA = 4
 
 
 @dataclass
@@ -37,6 +39,8 @@ class Results:
     continuous: dict[int, dict[str, Any]] = field(default_factory=dict)
     engine: dict[int, dict[str, Any]] = field(default_factory=dict)
     gateway: dict[int, dict[str, Any]] = field(default_factory=dict)
+    structured_engine: dict[str, Any] | None = None
+    structured_gateway: dict[str, Any] | None = None
 
 
 def emit(kind: str, fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -184,4 +188,31 @@ def table(results: Results, output_tokens: int) -> str:
     if results.gateway:
         parts += ["", "gateway sweep (HTTP + Redis + worker, streamed):", *_gateway_table(results)]
         parts += _ttft_line(results)
+    parts += _structured_lines(results)
     return "\n".join(parts)
+
+
+def _structured_lines(results: Results) -> list[str]:
+    """The structured-output phase: tok/s with half the rows constrained over tok/s with none."""
+    engine, served = results.structured_engine, results.structured_gateway
+    if not engine and not served:
+        return []
+    lines = ["", "structured outputs (32 rows, every other one with a JSON schema; vs the same rows free):"]
+    if engine:
+        lines += [
+            f"  in-process engine: {engine['half_constrained']['output_tokens_per_s']} vs "
+            f"{engine['free']['output_tokens_per_s']} tok/s free (x{engine['tokens_per_s_ratio']}); "
+            f"masks {engine['half_constrained']['mask_ms_per_fill']} ms per step "
+            f"({engine['half_constrained']['mask_share_of_wall'] * 100:.1f} % of the time); "
+            f"compile p50 {engine['compile_ms_p50']} ms, p99 {engine['compile_ms_p99']} ms",
+        ]
+    if served:
+        ratio = served["tokens_per_s_ratio"]
+        compared = "no ratio" if ratio is None else f"x{ratio}"
+        lines.append(
+            f"  gateway: {served['half_constrained']['output_tokens_per_s']} vs "
+            f"{served['free']['output_tokens_per_s']} tok/s free ({compared}); "
+            f"{served['half_constrained']['enforced_json']} of {served['constrained_requests']} "
+            "constrained streams started as JSON"
+        )
+    return lines

@@ -33,6 +33,7 @@ class RequestRecord:
     completion_tokens: int | None = None
     error: str | None = None
     truncated: bool = False
+    content: str = ""  # the streamed text (the structured-output phase checks it is JSON)
 
     @property
     def tokens(self) -> int:

@@ -54,6 +54,8 @@ QUEUE_WAIT_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
 # vLLM's 1-2-5 series for request lengths; it stops at max_model_len, which is not known before the
 # model loads (the port is bound first), so ours runs to a million tokens.
 REQUEST_TOKENS_BUCKETS = (*(mantissa * 10**power for power in range(6) for mantissa in (1, 2, 5)), 1_000_000)
+# A cached grammar costs nothing; a fresh JSON schema ~1 ms on a CPU; a large tool list or grammar far more.
+GRAMMAR_COMPILE_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 MODEL_LABEL = "model_name"
 
 
@@ -147,6 +149,16 @@ class WorkerMetrics:
             "prefix_cache_hit_tokens",
             "Prompt tokens whose KV was reused from the prefix cache instead of prefilled.",
         )
+        # Observed from the preparation threads that compile (prometheus_client is thread-safe).
+        self.grammar_compile_seconds = self._histogram(
+            "grammar_compile_seconds",
+            "Compiling one structured-output grammar for the model's vocabulary (cache misses only).",
+            GRAMMAR_COMPILE_SECONDS_BUCKETS,
+        )
+        self.grammar_mask_seconds = self._counter(
+            "grammar_mask_seconds",
+            "Engine time spent filling and applying structured-output token masks (a share of step time).",
+        )
         self.failovers = self._counter(
             "failovers", "Jobs of dead workers this worker's reaper put back in the queue to be resumed."
         )
@@ -175,6 +187,9 @@ class WorkerMetrics:
         # The engine's count is cumulative; the counter grows by what is new since the last read.
         self.prefix_cache_hits.inc(
             max(0, stats.prefix_cache_hit_tokens - self._engine_stats.prefix_cache_hit_tokens)
+        )
+        self.grammar_mask_seconds.inc(
+            max(0.0, stats.grammar_mask_seconds - self._engine_stats.grammar_mask_seconds)
         )
         self._engine_stats = stats
         self.running.set(stats.running)

@@ -16,6 +16,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
@@ -130,7 +131,7 @@ async def build_runtime(
     probes = Probes(worker_id)
     port = settings.metrics_port  # bound before the model loads: a busy port fails at once
     metrics_server = None if port is None else metrics.serve(port, settings.metrics_host, probes)
-    backend = await asyncio.to_thread(_load_and_warm_up, settings)
+    backend = await asyncio.to_thread(_load_and_warm_up, settings, metrics.grammar_compile_seconds.observe)
     redis = Redis.from_url(settings.redis_url)
     writer = EventWriter(redis)
     pool = interactive.pool
@@ -170,8 +171,8 @@ async def build_runtime(
     return runtime
 
 
-def _load_and_warm_up(settings: WorkerSettings) -> Backend:
-    backend = load_backend(settings)
+def _load_and_warm_up(settings: WorkerSettings, on_grammar_compile: Callable[[float], None]) -> Backend:
+    backend = load_backend(settings, on_grammar_compile)
     warm_up(backend)
     return backend
 
@@ -194,6 +195,7 @@ def _preparer(settings: WorkerSettings, backend: Backend) -> Preparer:
         defaults=defaults,
         limits=limits,
         chat=_chat_options(settings, backend),
+        grammars=backend.grammars,
     )
 
 

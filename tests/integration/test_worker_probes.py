@@ -12,7 +12,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import httpx
 import pytest
@@ -76,9 +76,11 @@ async def test_ready_only_between_registration_and_drain_alive_throughout(
 ) -> None:
     loaded = threading.Event()
 
-    def held_load(settings: WorkerSettings) -> Backend:
+    def held_load(
+        settings: WorkerSettings, on_grammar_compile: Callable[[float], None] | None = None
+    ) -> Backend:
         loaded.wait()
-        return load_backend(settings)
+        return load_backend(settings, on_grammar_compile)
 
     monkeypatch.setattr(runtime, "load_backend", held_load)
     model, port = f"probes-{uuid.uuid4().hex[:8]}", free_port()

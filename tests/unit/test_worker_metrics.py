@@ -124,6 +124,8 @@ WORKER_FAMILIES = {
         "prompt_tokens",
         "generation_tokens",
         "prefix_cache_hit_tokens",
+        "grammar_compile_seconds",
+        "grammar_mask_seconds",
         "failovers",
         "request_success",
         "request_prompt_tokens",

@@ -17,9 +17,12 @@ fails every request in the engine.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from shared.protocol import FinishReason
+
+if TYPE_CHECKING:
+    from worker.engine.grammar import CompiledGrammar
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +66,10 @@ class EngineRequest:
     resumed_tokens: int = 0
     # Lower runs first: interactive requests (0) are admitted and prefilled before batch ones (1).
     priority: int = 0
+    # What the output must match (structured outputs, a required or named tool call), compiled for
+    # this model's vocabulary in the job's preparation; None: free text. Backends that do not
+    # enforce grammars are never handed one (``worker/engine/grammar.py``).
+    grammar: CompiledGrammar | None = None
 
 
 def output_start(request: EngineRequest) -> int:
@@ -114,6 +121,8 @@ class EngineStats:
     kv_reserved_tokens: int = 0  # cache positions the running sequences may reach
     kv_capacity_tokens: int = 0  # the budget they are admitted against; 0: none (no shared cache)
     prefix_cache_hit_tokens: int = 0  # prompt tokens served from the prefix cache so far (cumulative)
+    grammar_mask_seconds: float = 0.0  # time spent filling and applying grammar masks so far (cumulative)
+    grammar_mask_fills: int = 0  # batched mask fills so far: one per forward with constrained rows
 
 
 class Engine(Protocol):

@@ -14,9 +14,10 @@ beside batch-lane rows only), the step prefills the prompts of that priority
 alone and the rows wait a step, so the request's first token does not wait for a
 decode forward of the whole batch (vLLM V0 runs prefills apart from decodes for
 the same reason). Nobody streams those rows, so nobody sees the pause.
-Logprobs are scored from the same logits the step samples from
-(``sampling.score_tokens``); a prompt whose logprobs were asked keeps its
-prefill's logits at every position instead of the last one only.
+Logprobs are scored from the same raw logits the step samples from
+(``sampling.score_tokens``), before a constrained row's grammar masks its copy
+(``token_masks.py``); a prompt whose logprobs were asked keeps its prefill's
+logits at every position instead of the last one only.
 Requests the batch cannot honour (beam search) run alone through
 ``model.generate`` (``sequential.run_beam_search``). A sequence that breaks a
 step fails alone; the others go on unchanged (``isolation.py``).
@@ -64,6 +65,7 @@ from worker.engine.scheduler import (
 )
 from worker.engine.sequence import Sequence
 from worker.engine.sequential import run_beam_search
+from worker.engine.token_masks import TokenMasks
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +81,7 @@ class TransformersEngine:
         self._prefilling: dict[str, Sequence] = {}
         self._rows: list[Sequence] = []  # row i of the cache is self._rows[i]
         self._kv: PaddedKVCache | None = None
+        self._masks = TokenMasks()  # constrained rows' grammars (``request.grammar``), applied per step
 
     def add(self, request: EngineRequest) -> None:
         self._scheduler.add(request)
@@ -99,6 +102,8 @@ class TransformersEngine:
             kv_reserved_tokens=reserved_tokens([final_length(sequence.request) for sequence in admitted]),
             kv_capacity_tokens=self._scheduler.limits.max_batch_tokens,
             prefix_cache_hit_tokens=self._prefix_cache.hit_tokens,
+            grammar_mask_seconds=self._masks.seconds,
+            grammar_mask_fills=self._masks.fills,
         )
 
     def close(self) -> None:
@@ -162,7 +167,7 @@ class TransformersEngine:
             logger.warning("a decode forward failed; %d rows fail alone, the rest go again", len(culprits))
             self._drop_rows(culprits)
             return [failed_update(request_id) for request_id in culprits] + self._decode()
-        return accept_rows(self._rows, sample_rows(self._rows, logits))
+        return accept_rows(self._rows, sample_rows(self._rows, logits, self._masks))
 
     def _decode_forward(self, kv: PaddedKVCache) -> torch.Tensor:
         """The last position's logits ([rows, vocab]) of one more token for every row."""
@@ -255,7 +260,7 @@ class TransformersEngine:
             s.score_prompt(output.logits[row, width - len(r) :], s.prefilled) if s.wants_prompt_scores else []
             for row, (s, r) in enumerate(zip(sequences, rests, strict=True))
         ]
-        choices = sample_rows(sequences, output.logits[:, -1, :])
+        choices = sample_rows(sequences, output.logits[:, -1, :], self._masks)
         for sequence, scores in zip(sequences, prompt_scores, strict=True):
             sequence.prompt_scores += scores
             sequence.prefilled, sequence.prefill_cache = len(sequence.request.prompt_token_ids), None

@@ -7,7 +7,8 @@ processor on values nobody foresaw). Failing the whole step would fail every
 request in the batch, other tenants' included. Instead:
 
 * each row samples its token alone (``sample_rows``): a row whose sampling raises
-  gets a ``failed`` update, the others their tokens;
+  gets a ``failed`` update, the others their tokens; so does a constrained row whose
+  grammar matcher broke or refuses its token;
 * a forward over several new prompts that raises runs again in halves
   (``bisect``), down to the prompt that fails alone; the others run as if it had
   never been there, since a prefill forward writes only into a fresh cache;
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from transformers import PreTrainedModel
@@ -31,6 +33,7 @@ from worker.engine import SequenceUpdate, TokenScore, failed_update
 from worker.engine.kv_cache import PaddedKVCache, single_row_cache
 from worker.engine.sampling import choose_token, score_tokens, trim_score
 from worker.engine.sequence import Sequence
+from worker.engine.token_masks import TokenMasks
 
 logger = logging.getLogger(__name__)
 
@@ -95,20 +98,53 @@ def _decodes_alone(model: PreTrainedModel, kv: PaddedKVCache, row: int, token: i
 Choice = tuple[int, TokenScore | None] | None
 
 
-def sample_rows(rows: list[Sequence], logits: torch.Tensor) -> list[Choice]:
-    """Each row's next token from its row of ``logits`` ([rows, vocab]); ``accept_rows`` applies them."""
+def sample_rows(rows: list[Sequence], logits: torch.Tensor, masks: TokenMasks | None = None) -> list[Choice]:
+    """Each row's next token from its row of ``logits`` ([rows, vocab]); ``accept_rows`` applies them.
+
+    Constrained rows choose from their grammar's tokens only (``masks``); scores stay on the raw logits.
+    """
     greedy = logits.argmax(dim=-1).tolist()
-    tokens = [_choose(row, logits[index : index + 1], int(greedy[index])) for index, row in enumerate(rows)]
+    constrained = _constrained_logits(rows, logits, masks)
+    tokens = [
+        _choose_constrained(row, constrained[index])
+        if index in constrained
+        else _choose(row, logits[index : index + 1], int(greedy[index]))
+        for index, row in enumerate(rows)
+    ]
     scores = _score_rows(rows, logits, tokens)
     return [None if token is None else (token, scores.get(index)) for index, token in enumerate(tokens)]
 
 
 def accept_rows(rows: list[Sequence], choices: list[Choice]) -> list[SequenceUpdate]:
-    """Each row takes its token; a row whose sampling raised fails."""
+    """Each row takes its token; a row whose sampling raised, or whose grammar refuses its token, fails."""
     return [
-        failed_update(row.request_id) if choice is None else row.accept(*choice)
+        failed_update(row.request_id)
+        if choice is None
+        else guarded(row.request_id, partial(row.accept, *choice))
         for row, choice in zip(rows, choices, strict=True)
     ]
+
+
+def _constrained_logits(
+    rows: list[Sequence], logits: torch.Tensor, masks: TokenMasks | None
+) -> dict[int, torch.Tensor | None]:
+    """The masked logits of the rows with a grammar, by row index (None: the row cannot go on)."""
+    matchers = [(index, row.matcher) for index, row in enumerate(rows) if row.matcher is not None]
+    if not matchers:
+        return {}
+    if masks is None:
+        raise RuntimeError("a constrained sequence reached an engine without token masks")
+    try:
+        return masks.constrain(matchers, logits)
+    except Exception:
+        logger.exception("filling grammar masks failed; failing the %d constrained rows alone", len(matchers))
+        return {index: None for index, _ in matchers}
+
+
+def _choose_constrained(row: Sequence, logits: torch.Tensor | None) -> int | None:
+    if logits is None:
+        return None
+    return _choose(row, logits, int(logits.argmax(dim=-1).item()))
 
 
 def _choose(row: Sequence, logits: torch.Tensor, greedy: int) -> int | None:

@@ -1,9 +1,17 @@
-"""Owns one sequence's state in the batched engine: request, sampling state, tokens, prefill progress."""
+"""Owns one sequence's state in the batched engine: request, sampling state, tokens, prefill progress.
+
+A constrained sequence carries its own grammar matcher: it consumes every accepted
+token, and the sequence ends with ``stop`` as soon as the grammar is complete (the
+matcher allows nothing more), even under ignore_eos and before min_tokens, which
+could otherwise only wait on an EOS the grammar no longer allows. A cut by
+max_tokens stays ``length``: the output is then incomplete, and says so.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import llguidance
 import torch
 from transformers import DynamicCache, LogitsProcessorList
 
@@ -22,6 +30,7 @@ class Sequence:
     prefilled: int = 0
     prefill_cache: DynamicCache | None = field(default=None, repr=False)
     prompt_scores: list[TokenScore] = field(default_factory=list, repr=False)
+    matcher: llguidance.LLMatcher | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, request: EngineRequest, device: torch.device) -> Sequence:
@@ -32,6 +41,7 @@ class Sequence:
             generator=make_generator(request.sampling, device),
             token_ids=list(request.prompt_token_ids),
             generated=request.resumed_tokens,
+            matcher=_start_matcher(request),
         )
 
     @property
@@ -51,8 +61,10 @@ class Sequence:
         is_first = self.generated == 0
         self.token_ids.append(token)
         self.generated += 1
+        if self.matcher is not None and not self.matcher.consume_token(token):
+            raise GrammarViolation(f"token {token} breaks the grammar: {self.matcher.get_error()[:300]}")
         reason = None
-        if token in self.request.eos_token_ids:
+        if token in self.request.eos_token_ids or (self.matcher is not None and self.matcher.is_stopped()):
             reason = FinishReason.STOP
         elif self.generated >= self.request.max_new_tokens:
             reason = FinishReason.LENGTH
@@ -70,3 +82,19 @@ class Sequence:
         prompt = self.request.prompt_token_ids
         targets = prompt[start + 1 : start + 1 + logits.shape[0]]
         return score_tokens(logits[: len(targets)], targets, self.request.prompt_logprobs or 0)
+
+
+class GrammarViolation(RuntimeError):
+    """A constrained sequence's token the grammar refuses: a bug, never the client's doing."""
+
+
+def _start_matcher(request: EngineRequest) -> llguidance.LLMatcher | None:
+    """The request's matcher, having consumed what an earlier run of it generated (a takeover)."""
+    if request.grammar is None:
+        return None
+    matcher = request.grammar.matcher()
+    if request.resumed_tokens and not matcher.consume_tokens(
+        list(request.prompt_token_ids[output_start(request) :])
+    ):
+        raise GrammarViolation(f"the resumed tokens break the grammar: {matcher.get_error()[:300]}")
+    return matcher

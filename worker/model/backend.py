@@ -8,11 +8,13 @@ cache option only the per-sequence engine honours is set.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from shared.settings import WorkerSettings
 from worker.engine import Engine
+from worker.engine.grammar import GrammarCompiler
 from worker.requests.tokenization import Tokenizer
 
 
@@ -25,10 +27,17 @@ class Backend:
     generation_config: dict[str, Any]
     max_model_len: int
     vocab_size: int
+    # Compiles constraints for the engine; None: the engine ignores them (the fake engine only).
+    grammars: GrammarCompiler | None = None
 
 
-def load_backend(settings: WorkerSettings) -> Backend:
-    """Build the engine and tokenizer named by the settings (blocking: call off the loop)."""
+def load_backend(
+    settings: WorkerSettings, on_grammar_compile: Callable[[float], None] | None = None
+) -> Backend:
+    """Build the engine and tokenizer named by the settings (blocking: call off the loop).
+
+    ``on_grammar_compile`` is told each grammar compile's duration in seconds (from preparation threads).
+    """
     if settings.engine == "fake":
         from worker.engine.fake import FAKE_VOCAB_SIZE, ByteTokenizer, FakeEngine
 
@@ -41,10 +50,12 @@ def load_backend(settings: WorkerSettings) -> Backend:
         return Backend(
             engine, ByteTokenizer(), {}, settings.max_model_len or 4096, vocab_size=FAKE_VOCAB_SIZE
         )
-    return _load_transformers_backend(settings)
+    return _load_transformers_backend(settings, on_grammar_compile)
 
 
-def _load_transformers_backend(settings: WorkerSettings) -> Backend:
+def _load_transformers_backend(
+    settings: WorkerSettings, on_grammar_compile: Callable[[float], None] | None
+) -> Backend:
     # Imported here so fake-engine workers (tests, load tests) never pay for torch.
     import torch
 
@@ -68,7 +79,27 @@ def _load_transformers_backend(settings: WorkerSettings) -> Backend:
     tokenizer = HFTokenizer(loaded.tokenizer, chat_template=template, extra_eos_ids=extra_eos)
     engine = _build_engine(loaded.model, settings)
     vocab_size = int(loaded.model.config.vocab_size)
-    return Backend(engine, tokenizer, loaded.generation_config, loaded.max_model_len, vocab_size)
+    grammars = _grammar_compiler(
+        engine, loaded.tokenizer, vocab_size, tokenizer.eos_token_ids, on_grammar_compile
+    )
+    return Backend(engine, tokenizer, loaded.generation_config, loaded.max_model_len, vocab_size, grammars)
+
+
+def _grammar_compiler(
+    engine: Engine,
+    hf_tokenizer: Any,
+    vocab_size: int,
+    eos_token_ids: frozenset[int],
+    on_compile: Callable[[float], None] | None,
+) -> GrammarCompiler:
+    """The batched engine's compiler; any other engine refuses constrained jobs rather than ignore them."""
+    from worker.engine.hf import TransformersEngine
+
+    if not isinstance(engine, TransformersEngine):
+        return GrammarCompiler.unavailable_because(
+            "structured outputs need the batched engine (not --disable-kv-cache or a static cache)"
+        )
+    return GrammarCompiler.for_hf_tokenizer(hf_tokenizer, vocab_size, eos_token_ids, on_compile)
 
 
 def _build_engine(model: Any, settings: WorkerSettings) -> Engine:

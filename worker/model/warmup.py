@@ -5,6 +5,10 @@ initialisation, kernel selection, a ``torch.compile`` trace. Paid here, it delay
 the worker's readiness (``worker/probes.py``) instead of the first user's first
 token. A model that cannot run a five-token prompt cannot serve, so a failed
 warm-up stops the worker at start-up, before it takes a job.
+
+Where the engine enforces grammars, the warm-up request is constrained (a small
+JSON schema): the first compile and masks build llguidance's lazy tables here, off
+the first structured-output request's path.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ def warm_up(backend: Backend) -> None:
     """Run one greedy request to its end on ``backend``'s engine (blocking: call off the loop)."""
     engine = backend.engine
     prompt = tuple(backend.tokenizer.encode(WARM_UP_PROMPT, add_special_tokens=True))
+    grammar = backend.grammars.warm_up() if backend.grammars is not None else None
     engine.add(
         EngineRequest(
             request_id=WARM_UP_REQUEST_ID,
@@ -28,6 +33,7 @@ def warm_up(backend: Backend) -> None:
             sampling=SamplingParams(),
             max_new_tokens=WARM_UP_NEW_TOKENS,
             eos_token_ids=frozenset(),
+            grammar=grammar,
         )
     )
     while engine.has_unfinished():

@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from shared.errors import InvalidRequest
 from shared.protocol import ChatPrompt, GenerationJob, TextPrompt, TokenPrompt
 from worker.engine import EngineRequest
+from worker.engine.grammar import GrammarCompiler
 from worker.requests.chat_input import render_prompt
 from worker.requests.chat_options import ChatOptions
 from worker.requests.choices import choice_requests
+from worker.requests.constraints import constrain
 from worker.requests.limits import ModelLimits, check_alternatives, check_prompt_ids
 from worker.requests.output_parsing import OutputParsing
 from worker.requests.params import DefaultLayers, build_engine_request
@@ -53,6 +55,7 @@ def prepare(
     defaults: DefaultLayers,
     limits: ModelLimits,
     chat: ChatOptions = NO_CHAT_OPTIONS,
+    grammars: GrammarCompiler | None = None,
 ) -> PreparedRequest:
     """Tokenize the prompt and resolve parameters; raises ``TokenferryError`` subclasses."""
     rendered = (
@@ -70,6 +73,7 @@ def prepare(
     check_alternatives(job.prompt_logprobs, limits, "logprobs")
     engine_request = build_engine_request(job.request_id, prompt_ids, job.sampling, defaults, limits)
     _check_choices(job, engine_request)
+    engine_request = constrain(engine_request, job, grammars)
     engine_request = dataclasses.replace(
         engine_request,
         logprobs=job.logprobs,
