@@ -101,7 +101,10 @@ def estimated_prompt_tokens(job: GenerationJob) -> int:
     if isinstance(prompt, TextPrompt):
         return _text_tokens(prompt.text)
     assert isinstance(prompt, ChatPrompt)
-    return sum(_text_tokens(message.content) + TEMPLATE_TOKENS_PER_MESSAGE for message in prompt.messages)
+    # An assistant message that only calls tools has no content.
+    return sum(
+        _text_tokens(message.content or "") + TEMPLATE_TOKENS_PER_MESSAGE for message in prompt.messages
+    )
 
 
 def _text_tokens(text: str) -> int:

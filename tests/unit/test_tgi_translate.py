@@ -92,7 +92,6 @@ def test_streams_and_details_ask_the_worker_for_logprobs() -> None:
         ({"decoder_input_details": True}, "decoder_input_details"),
         ({"best_of": 2}, "best_of"),
         ({"top_n_tokens": 6}, "top_n_tokens"),
-        ({"grammar": {"type": "regex", "value": "a+"}}, "grammar"),
         ({"seed": -1}, "seed"),
     ],
 )
