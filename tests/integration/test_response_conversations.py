@@ -1,4 +1,4 @@
-"""previous_response_id: stored responses continue their conversation, for their own tenant, until they expire.
+"""previous_response_id: stored responses continue their conversation, for their tenant, until they expire.
 
 A real gateway and a fake-engine worker on a real Redis. The fake worker renders
 a chat as ``role: content`` lines and counts one token per byte, so a
@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import openai
+import pytest
 from redis.asyncio import Redis
 
 from shared.protocol import ChatMessage
@@ -126,3 +128,40 @@ async def test_a_stored_response_expires_after_the_retention_time(redis: Redis, 
 
         await until(is_gone, timeout_s=10)
         assert (await client.get(f"/v1/responses/{first['id']}", headers=bearer(KEY_A))).status_code == 404
+
+
+async def test_the_openai_sdk_sends_tools_formats_and_call_outputs_the_gateway_accepts(
+    redis: Redis, redis_url: str
+) -> None:
+    # The fake engine does not shape its script; what the model outputs is the e2e tests'.
+    tool = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}, "strict": False}
+    async with running_stack(redis_url, gateway={"api_keys": [KEY_A]}) as client:
+        sdk = openai.AsyncOpenAI(base_url="http://testserver/v1", api_key=KEY_A, http_client=client)
+        first = await sdk.responses.create(
+            model=FAKE_MODEL,
+            input="Weather?",
+            tools=[tool],  # type: ignore[list-item]
+            tool_choice={"type": "function", "name": "get_weather"},
+            parallel_tool_calls=False,
+            max_output_tokens=MAX_TOKENS,
+        )
+        assert (first.tool_choice.type, first.parallel_tool_calls) == ("function", False)  # type: ignore[union-attr]
+        assert [t.name for t in first.tools] == ["get_weather"]  # type: ignore[union-attr]
+        second = await sdk.responses.create(
+            model=FAKE_MODEL,
+            previous_response_id=first.id,
+            input=[
+                {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "call_1", "output": "Sunny"},
+            ],
+            text={
+                "format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}, "strict": True}
+            },
+            max_output_tokens=MAX_TOKENS,
+        )
+        assert second.text.format.type == "json_schema"  # type: ignore[union-attr]
+        with pytest.raises(openai.BadRequestError) as refused:
+            await sdk.responses.create(
+                model=FAKE_MODEL, input="Hi", tools=[{"type": "web_search"}], max_output_tokens=MAX_TOKENS
+            )
+        assert refused.value.body["param"] == "tools.0.type"  # type: ignore[index]

@@ -173,7 +173,12 @@ def test_fields_asking_nothing_are_accepted() -> None:
 
 CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
 OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output": "18 C"}
-REASONING = {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "x"}]}
+REASONING = {
+    "type": "reasoning",
+    "id": "rs_1",
+    "summary": [],
+    "content": [{"type": "reasoning_text", "text": "x"}],
+}
 
 
 def test_function_calls_and_their_outputs_become_assistant_tool_calls_and_tool_messages() -> None:

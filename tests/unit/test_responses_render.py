@@ -1,4 +1,4 @@
-"""Responses API rendering: events -> output items and stream events, checked against the openai SDK's types."""
+"""Responses API rendering: events -> output items and stream events, checked against the SDK types."""
 
 from __future__ import annotations
 
@@ -65,7 +65,12 @@ THOUGHT = [
 
 def test_text_folds_into_a_completed_response_with_usage() -> None:
     done = whole(TEXT)
-    assert (done.status, done.id, done.completed_at, done.output_text) == ("completed", "resp_rid", 2.0, "Hello")
+    assert (done.status, done.id, done.completed_at, done.output_text) == (
+        "completed",
+        "resp_rid",
+        2.0,
+        "Hello",
+    )
     assert done.output[0].id == "msg_rid"
     assert done.usage is not None and (done.usage.input_tokens, done.usage.output_tokens) == (4, 2)
 
@@ -146,9 +151,9 @@ def test_parallel_calls_are_one_item_each_in_order() -> None:
         ("function_call", "call_rid_1", "g"),  # a call the worker gave no id gets one
     ]
     kinds = [(event.type, getattr(event, "output_index", None)) for event in streamed(two)]
-    assert ("response.output_item.done", 0) in kinds and kinds.index(("response.output_item.done", 0)) < kinds.index(
-        ("response.output_item.added", 1)
-    )
+    assert ("response.output_item.done", 0) in kinds and kinds.index(
+        ("response.output_item.done", 0)
+    ) < kinds.index(("response.output_item.added", 1))
 
 
 def test_reasoning_comes_first_as_a_reasoning_item_then_the_message() -> None:

@@ -63,5 +63,7 @@ def test_grammars_that_cannot_be_enforced_are_refused_naming_grammar(grammar: di
 
 
 def test_a_tool_call_finish_reads_as_tgis_end_of_sequence() -> None:
-    finished = Finished(finish_reason=FinishReason.TOOL_CALLS, usage=Usage(prompt_tokens=1, completion_tokens=1))
+    finished = Finished(
+        finish_reason=FinishReason.TOOL_CALLS, usage=Usage(prompt_tokens=1, completion_tokens=1)
+    )
     assert translate.finish_reason(finished) == "eos_token"
