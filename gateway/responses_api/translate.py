@@ -6,12 +6,13 @@ conversation; the conversation is the stored one ``previous_response_id`` names
 (``gateway/responses_api/conversation.py``); ``max_output_tokens`` is
 ``max_tokens``. Function tools go to the template as ``ChatPrompt.tools`` and the
 tool choice to the worker as ``GenerationJob.tool_choice`` (``parallel_tool_calls``
-is its ``parallel``). The job's ``constraint`` is what the output must be: the
-call a forced tool choice (``required`` or a named function) asks for, as
-``shared/structured/tools.py`` builds it, else ``text.format``'s JSON. A forced
-call leaves no text for a format to shape, so the call wins. Every constraint is
-compiled here (``grammars.check``) so one that cannot be enforced is a 400 before
-anything is queued. No I/O and no clock: ids, times and history come in as arguments.
+is its ``parallel``). The job's ``constraint`` is ``text.format``'s JSON; the
+call a forced tool choice (``required`` or a named function) puts on the output is
+derived from the tool choice by the worker (``shared/structured/tools.py``'s
+``call_constraint``), so it is not in the job twice. Asking both is refused: one
+output cannot be a call and a document. Every constraint is compiled here
+(``grammars.check``) so one that cannot be enforced is a 400 before anything is
+queued. No I/O and no clock: ids, times and history come in as arguments.
 """
 
 from __future__ import annotations
@@ -103,8 +104,20 @@ def tool_choice(request: ResponseCreateRequest, tools: list[FunctionTool]) -> To
     choice = _choice(request.tool_choice, request.parallel_tool_calls is not False)
     if not tools and choice.mode in ("none", "auto"):
         return None
-    check_tools(tools, choice)
+    try:
+        check_tools(tools, choice)
+    except InvalidRequest as error:
+        raise _flat_tool_param(error) from error
     return choice
+
+
+def _flat_tool_param(error: InvalidRequest) -> InvalidRequest:
+    """``check_tools`` names chat completions' nested place (``tools.0.function.parameters``); a
+    Responses tool is flat (``tools.0.parameters``)."""
+    if error.param is None or ".function." not in error.param:
+        return error
+    param = error.param.replace(".function.", ".")
+    return InvalidRequest(error.message.replace(error.param, param), param=param)
 
 
 def _choice(given: str | ToolChoiceParam | None, parallel: bool) -> ToolChoice:
@@ -122,12 +135,19 @@ def _choice(given: str | ToolChoiceParam | None, parallel: bool) -> ToolChoice:
 def _constraint(
     request: ResponseCreateRequest, tools: list[FunctionTool], choice: ToolChoice | None
 ) -> JsonConstraint | None:
-    constraint = call_constraint(tools, choice) if choice is not None else None
+    """``text.format``'s constraint, once it and the call a forced tool choice asks for compile."""
+    calls = call_constraint(tools, choice) if choice is not None else None
     text_format = request.text.format if request.text else None
-    if constraint is None and text_format is not None:
-        constraint = format_constraint(text_format)
-    if constraint is not None:
-        grammars.check(constraint)
+    constraint = format_constraint(text_format) if text_format is not None else None
+    if calls is not None and constraint is not None:
+        raise InvalidRequest(
+            "text.format cannot be combined with tool_choice 'required' or a named function: "
+            "the output would have to be both.",
+            param="text.format",
+        )
+    for compiled in (calls, constraint):
+        if compiled is not None:
+            grammars.check(compiled)
     return constraint
 
 

@@ -12,7 +12,6 @@ from gateway.responses_api.schema import ResponseCreateRequest
 from gateway.responses_api.translate import conversation, pending_response, response_job
 from shared.errors import InvalidRequest
 from shared.protocol import ChatMessage, FunctionTool, JsonConstraint, ToolCall, ToolChoice
-from shared.structured.tools import call_constraint
 
 WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"type": "function", "name": "get_weather", "description": "Weather now", "parameters": WEATHER}
@@ -66,23 +65,19 @@ def test_tool_choice_none_keeps_the_tools_but_parses_no_call() -> None:
     assert job.tool_choice == ToolChoice(mode="none") and job.constraint is None
 
 
-def test_required_without_parallel_calls_constrains_the_output_to_one_call() -> None:
+def test_required_without_parallel_calls_asks_the_worker_for_one_call() -> None:
     job = response_job(request(tools=[TOOL], tool_choice="required", parallel_tool_calls=False), "rid", 1.0)
-    choice = ToolChoice(mode="required", parallel=False)
-    assert job.tool_choice == choice
-    assert job.constraint == call_constraint([FUNCTION], choice)
-    assert job.constraint is not None and job.constraint.json_schema["maxItems"] == 1  # type: ignore[index]
+    assert job.tool_choice == ToolChoice(mode="required", parallel=False)
+    # The worker derives the call's constraint from the tool choice; the job carries only text.format's.
+    assert job.constraint is None
 
 
-def test_a_named_function_constrains_the_output_to_its_arguments_even_with_a_text_format() -> None:
-    json_format = {"format": {"type": "json_object"}}
+def test_a_named_function_is_a_named_tool_choice() -> None:
     job = response_job(
-        request(tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"}, text=json_format),
-        "rid",
-        1.0,
+        request(tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"}), "rid", 1.0
     )
     assert job.tool_choice == ToolChoice(mode="named", name="get_weather")
-    assert job.constraint == JsonConstraint(json_schema=WEATHER, param="tool_choice")
+    assert job.constraint is None
 
 
 # text.format
@@ -123,12 +118,16 @@ def test_the_response_echoes_tools_choice_and_format() -> None:
         ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
         ({"tools": [{"type": "function"}]}, "tools.0.name"),
         ({"tools": [TOOL, TOOL]}, "tools"),
-        ({"tools": [{**TOOL, "parameters": {"type": "no-such-type"}}]}, "tools.0.function.parameters"),
+        ({"tools": [{**TOOL, "parameters": {"type": "no-such-type"}}]}, "tools.0.parameters"),
         ({"tools": [TOOL], "tool_choice": {"type": "file_search"}}, "tool_choice"),
         ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"text": {"format": {"type": "json_schema", "name": "w"}}}, "text.format.schema"),
         ({"text": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}}, "text.format.schema"),
+        (
+            {"tools": [TOOL], "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
+            "text.format",
+        ),
     ],
 )
 def test_what_cannot_be_honoured_is_refused_naming_its_parameter(
