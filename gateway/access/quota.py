@@ -38,7 +38,7 @@ from gateway.http.deps import PrincipalDep, get_state
 from shared import keys
 from shared.access.ownership import ResourceKind
 from shared.errors import InvalidRequest
-from shared.protocol import ChatPrompt, GenerationJob, TextPrompt, TokenPrompt
+from shared.protocol import ChatMessage, ChatPrompt, GenerationJob, TextPrompt, TokenPrompt
 
 CHARS_PER_TOKEN = 4
 # Role markers and separators a chat template adds around each message.
@@ -101,10 +101,15 @@ def estimated_prompt_tokens(job: GenerationJob) -> int:
     if isinstance(prompt, TextPrompt):
         return _text_tokens(prompt.text)
     assert isinstance(prompt, ChatPrompt)
-    # An assistant message that only calls tools has no content.
-    return sum(
-        _text_tokens(message.content or "") + TEMPLATE_TOKENS_PER_MESSAGE for message in prompt.messages
-    )
+    messages = sum(_message_tokens(message) for message in prompt.messages)
+    # The template renders every tool's schema into the prompt too.
+    tools = sum(_text_tokens(tool.model_dump_json()) for tool in prompt.tools or [])
+    return messages + tools
+
+
+def _message_tokens(message: ChatMessage) -> int:
+    calls = sum(_text_tokens(call.name + call.arguments) for call in message.tool_calls or [])
+    return _text_tokens(message.content or "") + calls + TEMPLATE_TOKENS_PER_MESSAGE
 
 
 def _text_tokens(text: str) -> int:
