@@ -144,6 +144,8 @@ def test_batch_lines_with_response_format_and_a_named_tool_give_matching_bodies(
         time.sleep(1)
         batch = client.batches.retrieve(batch.id)
     assert batch.status == "completed" and batch.output_file_id is not None
+    errors = client.files.content(batch.error_file_id).text if batch.error_file_id else ""
+    assert not errors, errors
     output = [json.loads(line) for line in client.files.content(batch.output_file_id).text.splitlines()]
     bodies = {line["custom_id"]: line["response"]["body"] for line in output}
     assert {line["response"]["status_code"] for line in output} == {200}
