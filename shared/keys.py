@@ -43,6 +43,8 @@
 | tf:metrics:queue-depth-lease | string | gateway | gateway         | QUEUE_DEPTH_LEASE_S (gateway/ops/     |
 |                              |        |         |                 | queue_depth.py), renewed at scrapes   |
 | tf:response:{response_id}    | hash   | gateway | gateway, runner | window + retention; retention at end  |
+|                              |        |         |                 | (foreground: retention); holds the    |
+|                              |        |         |                 | conversation for previous_response_id |
 | arq:job:{job_id}             | string | both    | worker (arq)    | arq's expiry; deleted when it ends    |
 | arq:in-progress:{job_id}     | string | worker  | worker, reaper  | job timeout + 10 s; deleted at end    |
 | arq:retry:{job_id}           | string | worker  | worker (arq)    | arq's (88,400 s); deleted at its end  |

@@ -39,7 +39,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 
-from shared.protocol import Failed, Finished, GenerationJob, TokenEvent
+from shared.protocol import Failed, Finished, FinishReason, GenerationJob, TokenEvent
 from shared.registry import WorkerLoad
 from worker.engine import EngineStats, SequenceUpdate
 from worker.probes import Probes, serve_wsgi
@@ -62,10 +62,15 @@ MODEL_LABEL = "model_name"
 class FinishedReason(StrEnum):
     """Why a request ended here: the ``finished_reason`` label (vLLM's values, less "repetition")."""
 
-    STOP = "stop"  # an EOS token or a stop sequence
+    STOP = "stop"  # an EOS token or a stop sequence (a tool call's end too, as vLLM counts it)
     LENGTH = "length"  # max_tokens, or the model's context
     ABORT = "abort"  # the client cancelled it (a disconnect, a deadline)
     ERROR = "error"  # the model or the worker failed it
+
+
+def finished_reason(reason: FinishReason) -> FinishedReason:
+    """The label of a request that finished: vLLM's engine stops at a tool call's end, so it is ``stop``."""
+    return FinishedReason.LENGTH if reason is FinishReason.LENGTH else FinishedReason.STOP
 
 
 class MetricsServer:
@@ -221,7 +226,7 @@ class WorkerMetrics:
         """Count the requests these published events ended, with their sizes when they completed."""
         for event in events:
             if isinstance(event, Finished):
-                self.finished[FinishedReason(event.finish_reason.value)].inc()
+                self.finished[finished_reason(event.finish_reason)].inc()
                 self.request_prompt_tokens.observe(event.usage.prompt_tokens)
                 self.request_generation_tokens.observe(event.usage.completion_tokens)
             elif isinstance(event, Failed):

@@ -9,7 +9,8 @@ from sse_starlette import EventSourceResponse
 
 from gateway.access.ownership import owned
 from gateway.http.deps import JsonBody
-from gateway.responses_api.schema import Response, ResponseCreateRequest
+from gateway.responses_api.objects import Response
+from gateway.responses_api.schema import ResponseCreateRequest
 from gateway.responses_api.service import ResponsesDep
 from shared.access.ownership import ResourceKind
 

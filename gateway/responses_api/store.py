@@ -8,6 +8,13 @@ its lease): the driver watches the last event of the job's stream and, once it
 ends, folds the events into the finished response and stores it for the
 retention time. Status changes are compare-and-set (``gateway/background/status_cas.py``),
 so a cancel and a completion racing each other leave one answer.
+
+A foreground response is stored once it has ended (unless asked ``store: false``),
+for the retention time, so it too can be retrieved and continued. Each record
+keeps the conversation the response answered (without its ``instructions``, which
+OpenAI does not carry over); ``history`` is that conversation followed by the
+response's output, for a request naming it as ``previous_response_id``. Its owner is
+recorded like every resource's, and another tenant's id is as unknown as a made-up one.
 """
 
 from __future__ import annotations
@@ -15,21 +22,25 @@ from __future__ import annotations
 import asyncio
 import time
 
+from pydantic import TypeAdapter
 from redis.asyncio import Redis
 
 from gateway.background.status_cas import StatusCas
-from gateway.responses_api import translate
-from gateway.responses_api.schema import TERMINAL_RESPONSE_STATUSES, Response
+from gateway.responses_api.conversation import chat_messages
+from gateway.responses_api.objects import CONTINUABLE_STATUSES, TERMINAL_RESPONSE_STATUSES, Response
+from gateway.responses_api.render import finished_response
 from shared import keys
-from shared.access.ownership import ResourceKind, record_owner
+from shared.access.ownership import ResourceKind, is_owned_by, record_owner
 from shared.codec import decode_event
+from shared.errors import InvalidRequest, NotFound
 from shared.jobs.streams import EventReader
-from shared.protocol import TERMINAL_EVENT_TYPES
+from shared.protocol import TERMINAL_EVENT_TYPES, ChatMessage
 
 ACTIVE_KIND = "response"
 # A background response may wait and run this long before its record is at risk.
 RUNNING_TTL_S = 24 * 3600
 _OPEN = ("queued", "in_progress")
+_MESSAGES = TypeAdapter(list[ChatMessage])
 
 
 class ResponseStore:
@@ -42,8 +53,22 @@ class ResponseStore:
         self._status = StatusCas(redis)
         self._reader = EventReader(redis)
 
-    async def create(self, tenant: str, response: Response, request_id: str) -> None:
-        """Store a queued background response and list it for a runner."""
+    async def create(
+        self, tenant: str, response: Response, request_id: str, conversation: list[ChatMessage]
+    ) -> None:
+        """Store a queued background response, answering ``conversation``, and list it for a runner."""
+        await self._put(tenant, response, request_id, conversation, RUNNING_TTL_S + self._retention_s)
+
+    async def save(
+        self, tenant: str, response: Response, request_id: str, conversation: list[ChatMessage]
+    ) -> None:
+        """Store a foreground response that has ended, for the retention time."""
+        assert response.status in TERMINAL_RESPONSE_STATUSES
+        await self._put(tenant, response, request_id, conversation, self._retention_s)
+
+    async def _put(
+        self, tenant: str, response: Response, request_id: str, conversation: list[ChatMessage], ttl_s: int
+    ) -> None:
         key = keys.response(response.id)
         async with self._redis.pipeline(transaction=True) as pipe:
             pipe.hset(
@@ -52,14 +77,33 @@ class ResponseStore:
                     "status": response.status,
                     "record": response.model_dump_json(),
                     "request_id": request_id,
+                    "conversation": _MESSAGES.dump_json(conversation),
                 },
             )
-            pipe.expire(key, RUNNING_TTL_S + self._retention_s)
-            pipe.sadd(keys.active(ACTIVE_KIND), response.id)
+            pipe.expire(key, ttl_s)
+            if response.status in _OPEN:
+                pipe.sadd(keys.active(ACTIVE_KIND), response.id)
             await pipe.execute()
-        await record_owner(
-            self._redis, ResourceKind.RESPONSE, response.id, tenant, RUNNING_TTL_S + self._retention_s
-        )
+        await record_owner(self._redis, ResourceKind.RESPONSE, response.id, tenant, ttl_s)
+
+    async def history(self, response_id: str, tenant: str) -> list[ChatMessage]:
+        """The conversation a response named by ``previous_response_id`` continues: what it answered,
+        then its output. Unknown, expired or another tenant's: 404; not finished or failed: 400."""
+        key = keys.response(response_id)
+        record, conversation = await self._redis.hmget(key, ["record", "conversation"])  # type: ignore[misc]
+        if record is None or not await is_owned_by(self._redis, ResourceKind.RESPONSE, response_id, tenant):
+            raise NotFound(
+                f"Previous response with id '{response_id}' not found.", param="previous_response_id"
+            )
+        response = Response.model_validate_json(record)
+        if response.status not in CONTINUABLE_STATUSES:
+            raise InvalidRequest(
+                f"Previous response '{response_id}' is {response.status}; only a completed or "
+                "incomplete response can be continued.",
+                param="previous_response_id",
+            )
+        earlier = _MESSAGES.validate_json(conversation) if conversation is not None else []
+        return [*earlier, *chat_messages(response.output, earlier)]
 
     async def get(self, response_id: str) -> Response | None:
         raw = await self._redis.hget(keys.response(response_id), "record")  # type: ignore[misc]
@@ -84,7 +128,7 @@ class ResponseStore:
                 events = [item.event for item in await self._reader.history(_text(request_id))]
                 await self._settle(
                     response_id,
-                    translate.finished_response(current, events, _text(request_id), time.time()),
+                    finished_response(current, events, _text(request_id), time.time()),
                 )
             elif last and current.status == "queued":
                 running = current.model_copy(update={"status": "in_progress"})

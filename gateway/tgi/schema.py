@@ -10,9 +10,9 @@ Translation to the job protocol is ``gateway/tgi/translate.py``'s business.
 
 Intentional divergences from TGI:
 
-* a feature we do not implement (``truncate``, ``watermark``, ``grammar``,
-  ``adapter_id``, ``decoder_input_details``, ``best_of`` > 1) is refused with a
-  validation error naming it, never silently ignored;
+* a feature we do not implement (``truncate``, ``watermark``, ``adapter_id``,
+  ``decoder_input_details``, ``best_of`` > 1) is refused with a validation error
+  naming it, never silently ignored;
 * ``model`` (optional, top level) picks a model when the gateway serves several;
   TGI serves one and has no such field;
 * ``Info`` leaves out the fields describing TGI's router internals
@@ -56,6 +56,16 @@ class _Request(BaseModel):
     # Strict, like serde: `"stream": 0` or `"top_k": "5"` are type errors, not coerced guesses.
     # inf and nan parse from JSON (1e999) but are no sampling parameter's value.
     model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
+
+
+class Grammar(_Request):
+    """TGI's ``GrammarType``: ``{"type": "json", "value": <schema>}`` (``json_object`` is its alias;
+    the schema may also come as JSON text), ``{"type": "regex", "value": "..."}``, or
+    ``{"type": "json_schema", "value": {"name": ..., "schema": <schema>}}``.
+    ``gateway/tgi/translate.py`` turns it into a constraint."""
+
+    type: Literal["json", "json_object", "regex", "json_schema"]
+    value: Any
 
 
 class GenerateParameters(_Request):
@@ -106,9 +116,9 @@ class GenerateParameters(_Request):
     top_n_tokens: int | None = Field(
         None, ge=0, le=MAX_TOP_N_TOKENS, description="Also return the n most likely tokens at each step."
     )
-    grammar: Annotated[
-        Any, Field(description="Not supported."), refuse_when(_is_not_none, "grammar is not supported.")
-    ] = None
+    grammar: Grammar | None = Field(
+        None, description="What the output must match: a JSON schema or a regular expression."
+    )
     adapter_id: Annotated[
         str | None,
         Field(description="Not supported."),

@@ -15,6 +15,7 @@ How our events map onto TGI's one-event-per-token stream:
   holds each token back until the next event. That costs a streaming client one
   decode step of latency per token; the alternative, an extra empty token after
   the real last one, would change what ``details=True`` clients count.
+* ``grammar`` becomes the job's constraint (``gateway/tgi/grammar.py``).
 * Logprobs come from the worker's ``Delta.logprobs`` (the job asks for them
   whenever the answer reports tokens); without them ``logprob`` is null, which
   TGI's OpenAPI schema allows.
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 
 from pydantic import MISSING
 
+from gateway.tgi.grammar import grammar_constraint
 from gateway.tgi.schema import (
     Details,
     GenerateParameters,
@@ -80,6 +82,7 @@ def generate_job(
         sampling=sampling(parameters),
         created_at=created_at,
         logprobs=_logprobs_wanted(parameters, stream),
+        constraint=grammar_constraint(parameters.grammar),
     )
 
 
@@ -111,8 +114,12 @@ def _logprobs_wanted(parameters: GenerateParameters, stream: bool) -> int | None
 
 
 def finish_reason(finished: Finished) -> TgiFinishReason:
+    """TGI's three reasons; a tool-call finish (never one of a TGI job, which has no tools) ended
+    at the end of the calls, TGI's ``eos_token``."""
     if finished.finish_reason is FinishReason.LENGTH:
         return "length"
+    if finished.finish_reason is FinishReason.TOOL_CALLS:
+        return "eos_token"
     return "stop_sequence" if finished.stop_sequence is not None else "eos_token"
 
 

@@ -170,3 +170,16 @@ def test_hf_text_generation_bad_input_raises_the_validation_error(hf: InferenceC
         hf.text_generation("Once", temperature=0.0)
     with pytest.raises(HfValidationError, match="maximum context length is 256 tokens"):
         hf.text_generation("Once", max_new_tokens=1000)
+
+
+def test_hf_text_generation_takes_a_grammar_and_refuses_one_that_cannot_be_enforced(
+    hf: InferenceClient,
+) -> None:
+    # The fake engine does not shape its script; whether the output matches is the e2e test's.
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    assert hf.text_generation("Once", max_new_tokens=4, grammar={"type": "json", "value": schema})
+    assert hf.text_generation("Once", max_new_tokens=4, grammar={"type": "regex", "value": "[a-z]+"})
+    with pytest.raises(HfValidationError, match="grammar"):
+        hf.text_generation("Once", grammar={"type": "regex", "value": "(unclosed"})
+    with pytest.raises(HfValidationError, match="grammar"):
+        hf.text_generation("Once", grammar={"type": "json", "value": {"type": "no-such-type"}})

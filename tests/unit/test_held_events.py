@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.protocol import ChoiceFinished, Delta, Finished, FinishReason, TokenLogprob, Usage
+from shared.protocol import ChoiceFinished, Delta, Finished, FinishReason, TokenLogprob, ToolCallDelta, Usage
 from worker.driver.held_events import HeldEvents, merged
 
 
@@ -70,3 +70,18 @@ def test_merging_keeps_each_choices_order_and_logprobs() -> None:
     assert (second.index, second.text, second.token_ids) == (1, "xy", [7, 8])
     assert [entry.logprob for entry in second.logprobs or []] == [-0.5, -0.6]
     assert choice_end.type == "choice_finished"
+
+
+def test_merged_deltas_keep_every_reasoning_piece_and_tool_call_fragment() -> None:
+    opening = ToolCallDelta(index=0, id="call_1", name="get_weather")
+    deltas = [
+        Delta(text="", reasoning="Think", token_ids=[1]),
+        Delta(text="", reasoning="ing.", token_ids=[2]),
+        Delta(text="", token_ids=[3], tool_calls=[opening]),
+        Delta(text="", token_ids=[4], tool_calls=[ToolCallDelta(index=0, arguments='{"city": ')]),
+        Delta(text="", token_ids=[5], tool_calls=[ToolCallDelta(index=0, arguments='"Paris"}')]),
+    ]
+    [whole] = merged(deltas)
+    assert whole.reasoning == "Thinking." and whole.token_ids == [1, 2, 3, 4, 5]  # type: ignore[union-attr]
+    calls = whole.tool_calls or []  # type: ignore[union-attr]
+    assert calls[0] == opening and "".join(call.arguments for call in calls) == '{"city": "Paris"}'

@@ -113,7 +113,7 @@ BEYOND = {
         GenerateRequest, tgi(max_new_tokens=MAX_TOKEN_COUNT + 1), "parameters.max_new_tokens", r"less than"
     ),
     "responses messages": (
-        ResponseCreateRequest, responses(input=[HI] * (MAX_MESSAGES + 1)), "input", r"At most 2048 messages"
+        ResponseCreateRequest, responses(input=[HI] * (MAX_MESSAGES + 1)), "input", r"At most 2048 input"
     ),
     "responses content parts": (
         ResponseCreateRequest,

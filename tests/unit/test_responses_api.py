@@ -1,17 +1,29 @@
-"""Responses API translation: request -> job, events -> response and stream events."""
+"""Responses API translation: request -> job (every mapping and refusal); conversations from items."""
 
 from __future__ import annotations
 
-import pytest
+from typing import Any
 
+import pytest
+from pydantic import ValidationError
+
+from gateway.http.errors import validation_error
 from gateway.responses_api.schema import ResponseCreateRequest
-from gateway.responses_api.translate import ResponseStream, finished_response, pending_response, response_job
+from gateway.responses_api.translate import conversation, pending_response, response_job
 from shared.errors import InvalidRequest
-from shared.protocol import Accepted, ChatMessage, Delta, Failed, Finished, FinishReason, Usage
+from shared.protocol import ChatMessage, FunctionTool, JsonConstraint, ToolCall, ToolChoice
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+TOOL = {"type": "function", "name": "get_weather", "description": "Weather now", "parameters": WEATHER}
+FUNCTION = FunctionTool(name="get_weather", description="Weather now", parameters=WEATHER)
 
 
 def request(**fields: object) -> ResponseCreateRequest:
     return ResponseCreateRequest.model_validate({"model": "m", "input": "Hi", **fields})
+
+
+def messages_of(**fields: object) -> list[ChatMessage]:
+    return response_job(request(**fields), "rid", 1.0).prompt.messages  # type: ignore[union-attr]
 
 
 def test_instructions_become_a_system_message_before_the_input() -> None:
@@ -21,6 +33,7 @@ def test_instructions_become_a_system_message_before_the_input() -> None:
         ChatMessage(role="user", content="Hi"),
     ]
     assert (job.sampling.max_tokens, job.sampling.temperature) == (7, 0.5)
+    assert (job.tool_choice, job.constraint, job.prompt.tools) == (None, None, None)  # type: ignore[union-attr]
 
 
 def test_message_list_input_joins_text_parts() -> None:
@@ -31,59 +44,172 @@ def test_message_list_input_joins_text_parts() -> None:
             "content": [{"type": "input_text", "text": "a"}, {"type": "input_text", "text": "b"}],
         },
     ]
-    job = response_job(request(input=messages), "rid", 1.0)
-    assert job.prompt.messages == [
+    assert messages_of(input=messages) == [
         ChatMessage(role="system", content="Rules"),
         ChatMessage(role="user", content="a\nb"),
-    ]  # type: ignore[union-attr]
+    ]
+
+
+# Tools and tool choices
+
+
+def test_function_tools_reach_the_template_and_the_model_chooses_by_default() -> None:
+    job = response_job(request(tools=[TOOL]), "rid", 1.0)
+    assert job.prompt.tools == [FUNCTION]  # type: ignore[union-attr]
+    assert job.tool_choice == ToolChoice(mode="auto", parallel=True)
+    assert job.constraint is None  # auto: the worker's parser finds calls in free text
+
+
+def test_tool_choice_none_keeps_the_tools_but_parses_no_call() -> None:
+    job = response_job(request(tools=[TOOL], tool_choice="none"), "rid", 1.0)
+    assert job.tool_choice == ToolChoice(mode="none") and job.constraint is None
+
+
+def test_required_without_parallel_calls_asks_the_worker_for_one_call() -> None:
+    job = response_job(request(tools=[TOOL], tool_choice="required", parallel_tool_calls=False), "rid", 1.0)
+    assert job.tool_choice == ToolChoice(mode="required", parallel=False)
+    # The worker derives the call's constraint from the tool choice; the job carries only text.format's.
+    assert job.constraint is None
+
+
+def test_a_named_function_is_a_named_tool_choice() -> None:
+    job = response_job(
+        request(tools=[TOOL], tool_choice={"type": "function", "name": "get_weather"}), "rid", 1.0
+    )
+    assert job.tool_choice == ToolChoice(mode="named", name="get_weather")
+    assert job.constraint is None
+
+
+# text.format
 
 
 @pytest.mark.parametrize(
-    "fields", [{"tools": [{"type": "web_search"}]}, {"previous_response_id": "resp_earlier"}]
+    ("text_format", "constraint"),
+    [
+        ({"type": "text"}, None),
+        ({"type": "json_object"}, JsonConstraint(json_schema=None, param="text.format")),
+        (
+            {"type": "json_schema", "name": "w", "schema": WEATHER, "strict": True},
+            JsonConstraint(json_schema=WEATHER, param="text.format.schema"),
+        ),
+    ],
 )
-def test_unsupported_fields_are_refused(fields: dict[str, object]) -> None:
-    with pytest.raises(InvalidRequest):
+def test_text_format_becomes_the_constraint(text_format: dict[str, Any], constraint: object) -> None:
+    assert response_job(request(text={"format": text_format}), "rid", 1.0).constraint == constraint
+
+
+def test_the_response_echoes_tools_choice_and_format() -> None:
+    text = {"format": {"type": "json_schema", "name": "w", "schema": WEATHER}}
+    pending = pending_response(
+        request(tools=[TOOL], tool_choice="required", parallel_tool_calls=False, text=text, store=False),
+        "rid",
+        1.0,
+    )
+    assert (pending.tools, pending.tool_choice, pending.parallel_tool_calls) == ([TOOL], "required", False)
+    assert (pending.text, pending.store) == (text, False)
+
+
+# Refusals: what the job cannot honour is a 400 naming the parameter
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+        ({"tools": [{"type": "function"}]}, "tools.0.name"),
+        ({"tools": [TOOL, TOOL]}, "tools"),
+        ({"tools": [{**TOOL, "parameters": {"type": "no-such-type"}}]}, "tools.0.parameters"),
+        ({"tools": [TOOL], "tool_choice": {"type": "file_search"}}, "tool_choice"),
+        ({"tools": [TOOL], "tool_choice": {"type": "function", "name": "nope"}}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"text": {"format": {"type": "json_schema", "name": "w"}}}, "text.format.schema"),
+        ({"text": {"format": {"type": "json_schema", "schema": {"type": "nope"}}}}, "text.format.schema"),
+        (
+            {"tools": [TOOL], "tool_choice": "required", "text": {"format": {"type": "json_object"}}},
+            "text.format",
+        ),
+    ],
+)
+def test_what_cannot_be_honoured_is_refused_naming_its_parameter(
+    fields: dict[str, object], param: str
+) -> None:
+    with pytest.raises(InvalidRequest) as caught:
         response_job(request(**fields), "rid", 1.0)
+    assert caught.value.param == param
 
 
-EVENTS = [
-    Accepted(prompt_tokens=4, worker_id="w"),
-    Delta(text="Hel", token_ids=[1]),
-    Delta(text="lo", token_ids=[2]),
-    Finished(finish_reason=FinishReason.STOP, usage=Usage(prompt_tokens=4, completion_tokens=2)),
-]
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"reasoning": {"effort": "high"}}, "reasoning.effort"),
+        ({"reasoning": {"summary": "auto"}}, "reasoning.summary"),
+        ({"include": ["reasoning.encrypted_content"]}, "include"),
+        ({"conversation": "conv_1"}, "conversation"),
+        ({"prompt": {"id": "pmpt_1"}}, "prompt"),
+        ({"truncation": "auto"}, "truncation"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"max_tool_calls": 3}, "max_tool_calls"),
+        ({"service_tier": "flex"}, "service_tier"),
+        ({"text": {"verbosity": "low"}}, "text.verbosity"),
+        ({"text": {"format": {"type": "grammar"}}}, "text.format.type"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input.0.type"),
+        ({"input": [{"type": "function_call", "call_id": "c", "name": "f"}]}, "input.0"),
+        ({"input": [{"type": "function_call_output", "output": "x"}]}, "input.0"),
+    ],
+)
+def test_fields_we_do_not_honour_are_refused_by_the_schema(fields: dict[str, object], param: str) -> None:
+    with pytest.raises(ValidationError) as caught:
+        request(**fields)
+    assert validation_error(caught.value.errors()).param == param
 
 
-def test_events_fold_into_a_completed_response_with_usage() -> None:
-    done = finished_response(pending_response(request(), "rid", 1.0), EVENTS, "rid", 2.0)
-    assert done.status == "completed" and done.id == "resp_rid" and done.completed_at == 2.0
-    assert done.output[0].content[0].text == "Hello" and done.output[0].id == "msg_rid"
-    assert done.usage is not None and (done.usage.input_tokens, done.usage.output_tokens) == (4, 2)
+def test_fields_asking_nothing_are_accepted() -> None:
+    request(reasoning={}, include=[], truncation="disabled", service_tier="auto", top_logprobs=0, user="u")
 
 
-def test_length_finish_is_incomplete_and_failure_is_failed() -> None:
-    cut = Finished(finish_reason=FinishReason.LENGTH, usage=Usage(prompt_tokens=4, completion_tokens=2))
-    incomplete = finished_response(pending_response(request(), "rid", 1.0), [*EVENTS[:3], cut], "rid", 2.0)
-    assert incomplete.status == "incomplete" and incomplete.incomplete_details is not None
-    failure = Failed(error=InvalidRequest("bad").to_info())
-    failed = finished_response(pending_response(request(), "rid", 1.0), [failure], "rid", 2.0)
-    assert failed.status == "failed" and failed.error is not None and failed.error.message == "bad"
+# Conversations: input items and previous responses
 
 
-def test_stream_events_are_numbered_and_typed_in_openai_order() -> None:
-    stream = ResponseStream(pending_response(request(), "rid", 1.0), "rid", 2.0)
-    events = [item for event in EVENTS for item in stream.events(event)]
-    assert [item.type for item in events] == [  # type: ignore[attr-defined]
-        "response.created",
-        "response.in_progress",
-        "response.output_item.added",
-        "response.content_part.added",
-        "response.output_text.delta",
-        "response.output_text.delta",
-        "response.output_text.done",
-        "response.content_part.done",
-        "response.output_item.done",
-        "response.completed",
+CALL = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'}
+OUTPUT = {"type": "function_call_output", "call_id": "call_1", "output": "18 C"}
+REASONING = {
+    "type": "reasoning",
+    "id": "rs_1",
+    "summary": [],
+    "content": [{"type": "reasoning_text", "text": "x"}],
+}
+
+
+def test_function_calls_and_their_outputs_become_assistant_tool_calls_and_tool_messages() -> None:
+    items = [{"role": "user", "content": "Weather?"}, REASONING, CALL, OUTPUT]
+    assert messages_of(input=items) == [
+        ChatMessage(role="user", content="Weather?"),
+        ChatMessage(
+            role="assistant",
+            content=None,
+            tool_calls=[ToolCall(id="call_1", name="get_weather", arguments='{"city": "Paris"}')],
+        ),
+        ChatMessage(role="tool", content="18 C", tool_call_id="call_1", name="get_weather"),
     ]
-    assert [item.sequence_number for item in events] == list(range(10))  # type: ignore[attr-defined]
-    assert events[-1].response.output[0].content[0].text == "Hello"  # type: ignore[attr-defined]
+
+
+def test_calls_after_an_assistant_message_join_it_as_one_turn() -> None:
+    second = {**CALL, "call_id": "call_2", "arguments": '{"city": "Oslo"}'}
+    items = [{"role": "assistant", "content": [{"type": "output_text", "text": "Checking."}]}, CALL, second]
+    [turn] = messages_of(input=items)
+    assert turn.content == "Checking." and [call.id for call in turn.tool_calls or []] == ["call_1", "call_2"]
+
+
+def test_a_continuation_puts_the_stored_conversation_before_the_input_and_names_its_calls() -> None:
+    history = [ChatMessage(role="user", content="Weather?"), ChatMessage(role="assistant", content=None,
+               tool_calls=[ToolCall(id="call_1", name="get_weather", arguments="{}")])]  # fmt: skip
+    body = request(instructions="Be brief.", input=[OUTPUT], previous_response_id="resp_1")
+    job = response_job(body, "rid", 1.0, history)
+    tool_message = ChatMessage(role="tool", content="18 C", tool_call_id="call_1", name="get_weather")
+    assert job.prompt.messages == [  # type: ignore[union-attr]
+        ChatMessage(role="system", content="Be brief."),
+        *history,
+        tool_message,
+    ]
+    # What is stored for the next continuation leaves the instructions out, as OpenAI does.
+    assert conversation(body, history) == [*history, tool_message]

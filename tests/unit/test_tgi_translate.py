@@ -49,9 +49,7 @@ def stream(body: GenerateRequest, items: list[TokenEvent]) -> list[dict[str, Any
 
 
 def test_parameters_present_without_sampling_hints_decode_greedily() -> None:
-    job = translate.generate_job(
-        request(max_new_tokens=5, stop=["\n"]), "m", REQUEST_ID, 1.0, stream=False
-    )
+    job = translate.generate_job(request(max_new_tokens=5, stop=["\n"]), "m", REQUEST_ID, 1.0, stream=False)
 
     assert job.prompt == TextPrompt(text="Once upon")
     assert job.sampling == SamplingSpec(max_tokens=5, temperature=0.0, stop=["\n"])
@@ -74,9 +72,7 @@ def test_any_warper_turns_sampling_on(hint: dict[str, Any]) -> None:
 def test_streams_and_details_ask_the_worker_for_logprobs() -> None:
     assert translate.generate_job(request(), "m", REQUEST_ID, 1.0, stream=True).logprobs == 0
     assert translate.generate_job(request(details=True), "m", REQUEST_ID, 1.0, stream=False).logprobs == 0
-    assert (
-        translate.generate_job(request(top_n_tokens=3), "m", REQUEST_ID, 1.0, stream=True).logprobs == 3
-    )
+    assert translate.generate_job(request(top_n_tokens=3), "m", REQUEST_ID, 1.0, stream=True).logprobs == 3
 
 
 @pytest.mark.parametrize(
@@ -92,7 +88,6 @@ def test_streams_and_details_ask_the_worker_for_logprobs() -> None:
         ({"decoder_input_details": True}, "decoder_input_details"),
         ({"best_of": 2}, "best_of"),
         ({"top_n_tokens": 6}, "top_n_tokens"),
-        ({"grammar": {"type": "regex", "value": "a+"}}, "grammar"),
         ({"seed": -1}, "seed"),
     ],
 )

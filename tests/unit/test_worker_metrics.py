@@ -170,6 +170,13 @@ def test_each_ended_request_is_counted_once_by_its_finish_reason() -> None:
     assert counts == {"stop": 1, "length": 2, "abort": 1, "error": 2}
 
 
+def test_a_request_that_ended_calling_tools_counts_as_stopped() -> None:
+    metrics = WorkerMetrics(MODEL)
+    usage = Usage(prompt_tokens=7, completion_tokens=3)
+    metrics.observe_outcomes([Finished(finish_reason=FinishReason.TOOL_CALLS, usage=usage)])
+    assert _scrape(metrics).value(SUCCESS, finished_reason="stop") == 1
+
+
 def test_every_finish_reason_is_exported_from_the_start_at_zero() -> None:
     scrape = _scrape(WorkerMetrics(MODEL))
     reasons = {labels["finished_reason"] for labels in scrape.labels_of(SUCCESS)}

@@ -65,6 +65,8 @@ def merged(events: Sequence[TokenEvent]) -> list[TokenEvent]:
 
     A choice's deltas all come before its ``ChoiceFinished``, so merging into the first
     keeps every choice's order, and the order of events of different choices is free.
+    Reasoning is joined like text; tool-call fragments are kept in order (a reader
+    assembles a call from its fragments by their ``index``).
     """
     out: list[TokenEvent] = []
     slot_of: dict[int, int] = {}  # choice index -> position of its merged delta in ``out``
@@ -82,6 +84,10 @@ def merged(events: Sequence[TokenEvent]) -> list[TokenEvent]:
         out[slot] = first.model_copy(
             update={
                 "text": first.text + event.text,
+                "reasoning": first.reasoning + event.reasoning,
+                "tool_calls": None
+                if first.tool_calls is None and event.tool_calls is None
+                else (first.tool_calls or []) + (event.tool_calls or []),
                 "token_ids": first.token_ids + event.token_ids,
                 "logprobs": None
                 if first.logprobs is None and event.logprobs is None
