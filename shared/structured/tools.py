@@ -6,6 +6,13 @@ function's arguments object itself; ``required`` generates a JSON list of
 ``{"name": ..., "arguments": {...}}`` (one item at most unless parallel calls are
 allowed). The worker reads that JSON back as calls. ``auto`` is left to the
 worker's tool-call parser (``worker/requests/tool_calls/``).
+
+Intentional divergence: a forced call's objects take only the properties they
+declare, unless their schema says otherwise (``additionalProperties``). JSON
+Schema allows extra keys by default, and LangChain's tool schemas never close
+them, so a small model forced to call ``get_weather(city)`` wrote
+``{"city": "Paris", "weather": "<a paragraph>"}`` until ``max_tokens`` cut it.
+A function cannot take keys it does not declare, so nothing valid is lost.
 """
 
 from __future__ import annotations
@@ -24,11 +31,36 @@ def parameters_schema(tool: FunctionTool) -> dict[str, Any]:
     return tool.parameters if tool.parameters is not None else ANY_OBJECT
 
 
+def closed(schema: Any) -> Any:
+    """``schema`` with every object that declares ``properties`` closed to others, unless it says."""
+    if isinstance(schema, list):
+        return [closed(item) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    result = {key: _closed_keyword(key, value) for key, value in schema.items()}
+    if "properties" in result and "additionalProperties" not in result:
+        result["additionalProperties"] = False
+    return result
+
+
+# Keywords whose values are schemas, or maps or lists of schemas; everything else is data (enum, const...).
+_SUBSCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
+_SUBSCHEMAS = frozenset({"items", "anyOf", "oneOf", "allOf", "prefixItems", "not", "additionalProperties"})
+
+
+def _closed_keyword(key: str, value: Any) -> Any:
+    if key in _SUBSCHEMA_MAPS and isinstance(value, dict):
+        return {name: closed(sub) for name, sub in value.items()}
+    if key in _SUBSCHEMAS:
+        return closed(value)
+    return value
+
+
 def call_constraint(tools: list[FunctionTool], choice: ToolChoice) -> JsonConstraint | None:
     """The JSON the output must be for ``choice``; None when the model chooses freely."""
     if choice.mode == "named":
         tool = next(tool for tool in tools if tool.name == choice.name)
-        return JsonConstraint(json_schema=parameters_schema(tool), param="tool_choice")
+        return JsonConstraint(json_schema=closed(parameters_schema(tool)), param="tool_choice")
     if choice.mode != "required":
         return None
     calls: dict[str, Any] = {
@@ -44,7 +76,7 @@ def call_constraint(tools: list[FunctionTool], choice: ToolChoice) -> JsonConstr
 def _call_schema(tool: FunctionTool) -> dict[str, Any]:
     return {
         "type": "object",
-        "properties": {"name": {"const": tool.name}, "arguments": parameters_schema(tool)},
+        "properties": {"name": {"const": tool.name}, "arguments": closed(parameters_schema(tool))},
         "required": ["name", "arguments"],
         "additionalProperties": False,
     }

@@ -91,7 +91,7 @@ def test_named_choice_constrains_the_output_to_that_functions_arguments() -> Non
     assert job.tool_choice == ToolChoice(mode="named", name="get_weather", parallel=True)
     assert job.constraint is None
     assert tools.call_constraint([WEATHER_TOOL, TIME_TOOL], job.tool_choice) == JsonConstraint(
-        json_schema=WEATHER_PARAMETERS, param="tool_choice"
+        json_schema={**WEATHER_PARAMETERS, "additionalProperties": False}, param="tool_choice"
     )
 
 
