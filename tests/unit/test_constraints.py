@@ -18,6 +18,7 @@ from shared.protocol import (
     TextPrompt,
     ToolChoice,
 )
+from shared.structured import tools
 from tests.engines import request
 from worker.engine.grammar import GrammarCompiler
 from worker.requests.constraints import constrain, job_constraint
@@ -51,7 +52,8 @@ def test_required_and_named_tool_choices_constrain_auto_and_none_do_not() -> Non
     required = job_constraint(chat_job(tool_choice=ToolChoice(mode="required")))
     named = job_constraint(chat_job(tool_choice=ToolChoice(mode="named", name="lookup")))
     assert isinstance(required, JsonConstraint) and required.param == "tool_choice"
-    assert isinstance(named, JsonConstraint) and named.json_schema == TOOL.parameters
+    # The function's own schema, closed to keys it does not declare (shared/structured/tools.py).
+    assert isinstance(named, JsonConstraint) and named.json_schema == tools.closed(TOOL.parameters)
     assert job_constraint(chat_job(tool_choice=ToolChoice(mode="auto"))) is None
     assert job_constraint(chat_job(tool_choice=ToolChoice(mode="none"))) is None
 

@@ -39,7 +39,9 @@ def test_every_object_declaring_properties_is_closed_and_data_is_left_alone() ->
 
 
 def test_a_forced_call_cannot_add_keys_the_function_does_not_take() -> None:
-    tool = FunctionTool(name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string"}}})
+    tool = FunctionTool(
+        name="get_weather", parameters={"type": "object", "properties": {"city": {"type": "string"}}}
+    )
     constraint = tools.call_constraint([tool], ToolChoice(mode="named", name="get_weather"))
     assert constraint is not None
 
