@@ -9,8 +9,9 @@ threads compete with torch's for the same cores during the forward pass.
 
 Unconstrained rows pay nothing: no mask, no copy, and a step without constrained rows
 never gets here. Nor does a row whose grammar is dormant while its reasoning model
-thinks (``reasoning_gate.py``, which also fills each row's mask). ``llguidance.torch.apply_token_bitmask_inplace`` is not used: it goes through
-``torch.compile``, whose first trace would cost seconds inside a step.
+thinks (``reasoning_gate.py``, which also fills each row's mask).
+``llguidance.torch.apply_token_bitmask_inplace`` is not used: it goes through ``torch.compile``,
+whose first trace would cost seconds inside a step.
 
 The copy keeps the raw logits intact: logprobs are scored on them
 (``sampling.score_tokens``), so a constrained token's logprob says what the model
