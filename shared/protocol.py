@@ -202,6 +202,7 @@ class GenerationJob(_Wire):
 class Usage(_Part):
     prompt_tokens: int
     completion_tokens: int
+    reasoning_tokens: int = 0  # of the completion tokens, the thinking's (with a reasoning parser)
 
     @property
     def total_tokens(self) -> int:
@@ -278,6 +279,7 @@ class ChoiceFinished(_Wire):
     finish_reason: FinishReason
     completion_tokens: int
     stop_sequence: str | None = None
+    reasoning_tokens: int = 0
 
 
 class Finished(_Wire):

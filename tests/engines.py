@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import llguidance
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from worker.engine import Engine, EngineRequest, SamplingParams
+from worker.engine.grammar import GrammarCompiler
 from worker.engine.hf import TransformersEngine
 from worker.engine.scheduler import BatchLimits
 
@@ -51,6 +53,49 @@ def poisoned_llama(poison: int) -> PoisonedLlama:
     model = PoisonedLlama(_tiny_config()).eval()
     model.poison = poison
     return model
+
+
+class ScriptedLlama(LlamaForCausalLM):
+    """The tiny Llama, except that it strongly prefers ``script[k]`` as its k-th generated token
+    (for prompts of ``prompt_len`` tokens): forced text where nothing masks it, its own choice after."""
+
+    prompt_len = 0
+    script: Sequence[int] = ()
+
+    def forward(self, input_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
+        output = super().forward(input_ids=input_ids, **kwargs)
+        for row, last in enumerate(kwargs["position_ids"][:, -1].tolist()):
+            generated = last + 1 - self.prompt_len  # the index of the token these logits predict
+            if 0 <= generated < len(self.script):
+                output.logits[row, -1, self.script[generated]] += 1000.0
+        return output
+
+
+def scripted_llama(prompt_len: int, script: Sequence[int]) -> ScriptedLlama:
+    """``tiny_llama``'s weights (same seed, same config), following ``script`` where it may."""
+    torch.manual_seed(0)
+    model = ScriptedLlama(_tiny_config()).eval()
+    model.prompt_len, model.script = prompt_len, script
+    return model
+
+
+class ByteVocabulary:
+    """What ``llguidance.TokenizerWrapper`` reads for the tiny model: id i is byte i, the last id is EOS."""
+
+    def __init__(self) -> None:
+        self.eos_token_id = VOCAB - 1
+        self.bos_token_id = None
+        self.tokens = [bytes([i]) for i in range(VOCAB - 1)] + [b"<eos>"]
+        self.special_token_ids = [VOCAB - 1]
+
+    def __call__(self, text: bytes) -> list[int]:
+        return list(text)
+
+
+def byte_grammars() -> GrammarCompiler:
+    """A grammar compiler for the tiny model's ids read as bytes (milliseconds per grammar)."""
+    tokenizer = llguidance.LLTokenizer(llguidance.TokenizerWrapper(ByteVocabulary()), n_vocab=VOCAB)
+    return GrammarCompiler(tokenizer)
 
 
 def batched_engine(

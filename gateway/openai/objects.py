@@ -18,10 +18,16 @@ from gateway.openai.tool_objects import FunctionCallChunk, FunctionCallObject, T
 FinishReasonName = Literal["stop", "length", "tool_calls", "function_call"]
 
 
+class CompletionTokensDetails(BaseModel):
+    reasoning_tokens: int = Field(description="Of the completion tokens, those of the model's thinking.")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    # Sent only when the model thought (a worker with a reasoning parser): earlier shapes stay as they were.
+    completion_tokens_details: CompletionTokensDetails | MISSING = MISSING
 
 
 class TopLogprob(BaseModel):

@@ -36,6 +36,7 @@ from gateway.openai.objects import (
     ChatDelta,
     Completion,
     CompletionChoice,
+    CompletionTokensDetails,
     FinishReasonName,
     Usage,
 )
@@ -78,20 +79,23 @@ class ResponseMeta:
 
 
 def usage(wire: WireUsage) -> Usage:
+    return summed_usage([wire])
+
+
+def summed_usage(usages: Iterable[WireUsage]) -> Usage:
+    """The usage of several jobs (one per prompt): OpenAI sums prompts, completions and reasoning."""
+    prompt = completion = reasoning = 0
+    for one in usages:
+        prompt += one.prompt_tokens
+        completion += one.completion_tokens
+        reasoning += one.reasoning_tokens
+    details = CompletionTokensDetails(reasoning_tokens=reasoning) if reasoning else MISSING
     return Usage(
-        prompt_tokens=wire.prompt_tokens,
-        completion_tokens=wire.completion_tokens,
-        total_tokens=wire.total_tokens,
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=prompt + completion,
+        completion_tokens_details=details,
     )
-
-
-def summed_usage(finished: Iterable[Finished]) -> Usage:
-    """The usage of several jobs (one per prompt): OpenAI sums prompts and completions."""
-    prompt = completion = 0
-    for event in finished:
-        prompt += event.usage.prompt_tokens
-        completion += event.usage.completion_tokens
-    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
 # Events -> whole objects (non-streaming)
@@ -128,7 +132,11 @@ def text_completion(meta: ResponseMeta, results: Sequence[Sequence[TokenEvent]])
         for index, fold in enumerate(folds):
             choices.append(_completion_choice(prompt_index * meta.n + index, echo, fold, done))
     return Completion(
-        id=meta.id, created=meta.created, model=meta.model, choices=choices, usage=summed_usage(finished)
+        id=meta.id,
+        created=meta.created,
+        model=meta.model,
+        choices=choices,
+        usage=summed_usage(done.usage for done in finished),
     )
 
 
@@ -188,7 +196,9 @@ class _Chunks(Generic[ChunkT]):
         still_open = [index for index in range(self._meta.prompts * self._meta.n) if index not in self._ended]
         chunks = [self.of(self._ended_choice(index, reason)) for index in still_open]
         if self._meta.include_usage:
-            chunks.append(self._envelope(choices=[], usage=summed_usage(self._finished)))
+            chunks.append(
+                self._envelope(choices=[], usage=summed_usage(done.usage for done in self._finished))
+            )
         return chunks
 
     def _envelope(self, **fields: Any) -> ChunkT:

@@ -16,6 +16,7 @@ from gateway.responses_api.events import ResponseLifecycleEvent
 from gateway.responses_api.objects import (
     IncompleteDetails,
     OutputItem,
+    OutputTokensDetails,
     Response,
     ResponseError,
     ResponseUsage,
@@ -58,7 +59,12 @@ def _is_cut(finished: Finished) -> bool:
 
 def _usage(finished: Finished) -> ResponseUsage:
     prompt, completion = finished.usage.prompt_tokens, finished.usage.completion_tokens
-    return ResponseUsage(input_tokens=prompt, output_tokens=completion, total_tokens=prompt + completion)
+    return ResponseUsage(
+        input_tokens=prompt,
+        output_tokens=completion,
+        output_tokens_details=OutputTokensDetails(reasoning_tokens=finished.usage.reasoning_tokens),
+        total_tokens=prompt + completion,
+    )
 
 
 class ResponseStream:

@@ -173,8 +173,16 @@ def test_reasoning_with_qwen3_and_no_tools() -> None:
     assert (client.reasoning, client.content, client.calls) == ("\nHmm.\n", "It is sunny.", {})
 
 
-def test_a_constrained_output_is_not_taken_for_reasoning() -> None:
+def test_a_constrained_output_keeps_its_reasoning_apart_from_the_json() -> None:
     request = prepared(None, ChatOptions(reasoning="deepseek_r1"), constraint=JsonConstraint())
+
+    client = Client.of(run(request, updates('Think.</think>\n\n{"a": 1}')))
+
+    assert (client.reasoning, client.content) == ("Think.", '{"a": 1}')
+
+
+def test_a_constrained_output_without_thinking_is_content_with_qwen3() -> None:
+    request = prepared(None, ChatOptions(reasoning="qwen3"), constraint=JsonConstraint())
 
     client = Client.of(run(request, updates('{"a": 1}')))
 
@@ -182,7 +190,7 @@ def test_a_constrained_output_is_not_taken_for_reasoning() -> None:
 
 
 def test_named_tool_choice_streams_the_arguments_as_fragments_of_one_call() -> None:
-    request = prepared(ToolChoice(mode="named", name="get_weather"), ChatOptions(reasoning="deepseek_r1"))
+    request = prepared(ToolChoice(mode="named", name="get_weather"), ChatOptions(reasoning="qwen3"))
 
     events = run(request, updates('{"city": "Paris"}'))
 

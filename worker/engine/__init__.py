@@ -50,6 +50,16 @@ class SamplingParams:
 
 
 @dataclass(frozen=True, slots=True)
+class ThinkingMarkers:
+    """A reasoning model's ``<think>``/``</think>`` as this tokenizer's ids (``reasoning_gate.py``)."""
+
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+    # deepseek_r1: the prompt opened the thinking; qwen3: only an output opening ``start`` thinks.
+    starts_thinking: bool
+
+
+@dataclass(frozen=True, slots=True)
 class EngineRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
@@ -70,6 +80,9 @@ class EngineRequest:
     # this model's vocabulary in the job's preparation; None: free text. Backends that do not
     # enforce grammars are never handed one (``worker/engine/grammar.py``).
     grammar: CompiledGrammar | None = None
+    # A reasoning model's markers: the grammar is dormant while it thinks. None: the grammar
+    # holds from the first token (no reasoning parser, or the prompt already closed the thinking).
+    thinking: ThinkingMarkers | None = None
 
 
 def output_start(request: EngineRequest) -> int:

@@ -129,7 +129,10 @@ def _constrained_logits(
     rows: list[Sequence], logits: torch.Tensor, masks: TokenMasks | None
 ) -> dict[int, torch.Tensor | None]:
     """The masked logits of the rows with a grammar, by row index (None: the row cannot go on)."""
-    matchers = [(index, row.matcher) for index, row in enumerate(rows) if row.matcher is not None]
+    # A dormant grammar (its model still thinking) leaves its row free this step.
+    matchers = [
+        (index, row.gate) for index, row in enumerate(rows) if row.gate is not None and row.gate.needs_mask
+    ]
     if not matchers:
         return {}
     if masks is None:

@@ -1,7 +1,8 @@
 """Owns one sequence's state in the batched engine: request, sampling state, tokens, prefill progress.
 
-A constrained sequence carries its own grammar matcher: it consumes every accepted
-token, and the sequence ends with ``stop`` as soon as the grammar is complete (the
+A constrained sequence carries its own grammar matcher, behind a gate that keeps it
+dormant while a reasoning model thinks (``reasoning_gate.py``): it consumes every accepted
+token once awake, and the sequence ends with ``stop`` as soon as the grammar is complete (the
 matcher allows nothing more), even under ignore_eos and before min_tokens, which
 could otherwise only wait on an EOS the grammar no longer allows. A cut by
 max_tokens stays ``length``: the output is then incomplete, and says so.
@@ -11,12 +12,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import llguidance
 import torch
 from transformers import DynamicCache, LogitsProcessorList
 
 from shared.protocol import FinishReason
 from worker.engine import EngineRequest, SequenceUpdate, TokenScore, output_start
+from worker.engine.reasoning_gate import ReasoningGate
 from worker.engine.sampling import build_processors, make_generator, score_tokens
 
 
@@ -30,7 +31,7 @@ class Sequence:
     prefilled: int = 0
     prefill_cache: DynamicCache | None = field(default=None, repr=False)
     prompt_scores: list[TokenScore] = field(default_factory=list, repr=False)
-    matcher: llguidance.LLMatcher | None = field(default=None, repr=False)
+    gate: ReasoningGate | None = field(default=None, repr=False)
 
     @classmethod
     def start(cls, request: EngineRequest, device: torch.device) -> Sequence:
@@ -41,7 +42,7 @@ class Sequence:
             generator=make_generator(request.sampling, device),
             token_ids=list(request.prompt_token_ids),
             generated=request.resumed_tokens,
-            matcher=_start_matcher(request),
+            gate=_start_gate(request),
         )
 
     @property
@@ -61,10 +62,10 @@ class Sequence:
         is_first = self.generated == 0
         self.token_ids.append(token)
         self.generated += 1
-        if self.matcher is not None and not self.matcher.consume_token(token):
-            raise GrammarViolation(f"token {token} breaks the grammar: {self.matcher.get_error()[:300]}")
+        if self.gate is not None and not self.gate.consume(token):
+            raise GrammarViolation(f"token {token} breaks the grammar: {self.gate.matcher.get_error()[:300]}")
         reason = None
-        if token in self.request.eos_token_ids or (self.matcher is not None and self.matcher.is_stopped()):
+        if token in self.request.eos_token_ids or (self.gate is not None and self.gate.is_stopped()):
             reason = FinishReason.STOP
         elif self.generated >= self.request.max_new_tokens:
             reason = FinishReason.LENGTH
@@ -88,13 +89,17 @@ class GrammarViolation(RuntimeError):
     """A constrained sequence's token the grammar refuses: a bug, never the client's doing."""
 
 
-def _start_matcher(request: EngineRequest) -> llguidance.LLMatcher | None:
-    """The request's matcher, having consumed what an earlier run of it generated (a takeover)."""
+def _start_gate(request: EngineRequest) -> ReasoningGate | None:
+    """The request's gated matcher, having taken what an earlier run of it generated (a takeover).
+
+    The resumed tokens go through the gate, not straight to the matcher: a run that died
+    mid-thinking resumes dormant, one that died mid-answer resumes with the answer's tokens consumed.
+    """
     if request.grammar is None:
         return None
-    matcher = request.grammar.matcher()
-    if request.resumed_tokens and not matcher.consume_tokens(
+    gate = ReasoningGate(request.grammar.matcher(), request.thinking)
+    if request.resumed_tokens and not gate.consume_all(
         list(request.prompt_token_ids[output_start(request) :])
     ):
-        raise GrammarViolation(f"the resumed tokens break the grammar: {matcher.get_error()[:300]}")
-    return matcher
+        raise GrammarViolation(f"the resumed tokens break the grammar: {gate.matcher.get_error()[:300]}")
+    return gate

@@ -7,9 +7,11 @@ llguidance's ``LLExecutor`` (a thread pool): on 2 cores the pool measured no fas
 (16 rows of JSON-schema grammars, 64 steps: 2.2-2.3 ms a fill either way) and its
 threads compete with torch's for the same cores during the forward pass.
 
-Unconstrained rows pay nothing: no mask, no copy, and a step without constrained rows never gets
-here. ``llguidance.torch.apply_token_bitmask_inplace`` is not used: it goes through
-``torch.compile``, whose first trace would cost seconds inside a step.
+Unconstrained rows pay nothing: no mask, no copy, and a step without constrained rows
+never gets here. Nor does a row whose grammar is dormant while its reasoning model
+thinks (``reasoning_gate.py``, which also fills each row's mask).
+``llguidance.torch.apply_token_bitmask_inplace`` is not used: it goes through ``torch.compile``,
+whose first trace would cost seconds inside a step.
 
 The copy keeps the raw logits intact: logprobs are scored on them
 (``sampling.score_tokens``), so a constrained token's logprob says what the model
@@ -25,12 +27,11 @@ import logging
 import time
 from collections.abc import Sequence
 
-import llguidance
 import torch
 
-logger = logging.getLogger(__name__)
+from worker.engine.reasoning_gate import BITS, ReasoningGate
 
-BITS = 32
+logger = logging.getLogger(__name__)
 
 
 class TokenMasks:
@@ -42,7 +43,7 @@ class TokenMasks:
         self.fills = 0  # calls of ``constrain`` so far
 
     def constrain(
-        self, matchers: Sequence[tuple[int, llguidance.LLMatcher]], logits: torch.Tensor
+        self, matchers: Sequence[tuple[int, ReasoningGate]], logits: torch.Tensor
     ) -> dict[int, torch.Tensor | None]:
         """Masked logits ([1, vocab]) of each row ``(index, matcher)``; None for a row that cannot go on."""
         started = time.perf_counter()
@@ -53,9 +54,9 @@ class TokenMasks:
             self.fills += 1
 
     def _constrain(
-        self, matchers: Sequence[tuple[int, llguidance.LLMatcher]], logits: torch.Tensor
+        self, matchers: Sequence[tuple[int, ReasoningGate]], logits: torch.Tensor
     ) -> dict[int, torch.Tensor | None]:
-        healthy = [(index, matcher) for index, matcher in matchers if not _is_broken(index, matcher)]
+        healthy = [(index, gate) for index, gate in matchers if not _is_broken(index, gate)]
         result: dict[int, torch.Tensor | None] = {index: None for index, _ in matchers}
         if not healthy:
             return result
@@ -70,22 +71,21 @@ class TokenMasks:
                 logger.error("row %d: its grammar allows no token; failing it alone", index)
         return result
 
-    def _allowed(self, matchers: list[tuple[int, llguidance.LLMatcher]], vocab_size: int) -> torch.Tensor:
+    def _allowed(self, matchers: list[tuple[int, ReasoningGate]], vocab_size: int) -> torch.Tensor:
         """A [rows, vocab] boolean tensor: which tokens each matcher allows next."""
         words = (vocab_size + BITS - 1) // BITS
         bitmask = torch.zeros((len(matchers), words), dtype=torch.int32)
-        for position, (_, matcher) in enumerate(matchers):
-            # Drops the GIL: the driver's event loop runs meanwhile.
-            matcher.unsafe_compute_mask_ptr(bitmask[position].data_ptr(), words * 4)
+        for position, (_, gate) in enumerate(matchers):
+            gate.fill_mask(bitmask[position])
         # Bit b of word w is token 32 * w + b.
         bits = (bitmask.unsqueeze(-1) >> self._shifts) & 1
         return bits.reshape(len(matchers), words * BITS)[:, :vocab_size].bool()
 
 
-def _is_broken(index: int, matcher: llguidance.LLMatcher) -> bool:
-    if not matcher.is_error():
+def _is_broken(index: int, gate: ReasoningGate) -> bool:
+    if not gate.is_error():
         return False
     logger.error(
-        "row %d: its grammar matcher failed (%s); failing it alone", index, matcher.get_error()[:300]
+        "row %d: its grammar matcher failed (%s); failing it alone", index, gate.matcher.get_error()[:300]
     )
     return True

@@ -82,5 +82,6 @@ class RequestChoices:
         usage = Usage(
             prompt_tokens=self.outputs[0].prompt_tokens,
             completion_tokens=sum(output.completion_tokens for output in self.outputs),
+            reasoning_tokens=sum(output.reasoning_tokens for output in self.outputs),
         )
         return Finished(finish_reason=last.finish_reason, usage=usage, stop_sequence=last.stop_sequence)

@@ -6,6 +6,9 @@ function: ``shared.structured.tools.call_constraint``). Asking both is refused: 
 output cannot be two documents. Compiling happens here, in the job's preparation
 (on a thread, never on the engine's step loop), so a grammar this tokenizer cannot
 enforce is a 400 naming its parameter before any SSE byte.
+
+With a reasoning parser, the grammar carries the model's thinking markers: it waits
+for the thinking to end (``worker/engine/reasoning_gate.py``, ``thinking.py``).
 """
 
 from __future__ import annotations
@@ -16,14 +19,20 @@ from shared.errors import InvalidRequest
 from shared.protocol import ChatPrompt, Constraint, GenerationJob
 from shared.structured.grammars import grammar_for
 from shared.structured.tools import call_constraint
-from worker.engine import EngineRequest
+from worker.engine import EngineRequest, ThinkingMarkers
 from worker.engine.grammar import GrammarCompiler
 
 
-def constrain(request: EngineRequest, job: GenerationJob, grammars: GrammarCompiler | None) -> EngineRequest:
+def constrain(
+    request: EngineRequest,
+    job: GenerationJob,
+    grammars: GrammarCompiler | None,
+    thinking: ThinkingMarkers | None = None,
+) -> EngineRequest:
     """``request`` with the job's grammar compiled; unchanged without one, or without ``grammars``.
 
-    ``grammars`` is None only for the fake engine, which ignores constraints.
+    ``grammars`` is None only for the fake engine, which ignores constraints. ``thinking``:
+    the grammar is dormant until the model has thought (None: it holds from the first token).
     """
     constraint = job_constraint(job)
     if constraint is None or grammars is None:
@@ -32,7 +41,8 @@ def constrain(request: EngineRequest, job: GenerationJob, grammars: GrammarCompi
         raise InvalidRequest(
             f"{constraint.param} cannot be combined with beam search (num_beams).", param=constraint.param
         )
-    return dataclasses.replace(request, grammar=grammars.compile(grammar_for(constraint), constraint.param))
+    grammar = grammars.compile(grammar_for(constraint), constraint.param)
+    return dataclasses.replace(request, grammar=grammar, thinking=thinking)
 
 
 def job_constraint(job: GenerationJob) -> Constraint | None:

@@ -13,6 +13,12 @@ Logprobs ride with the text their tokens produced: while a token's text is held
 back (half a UTF-8 character, a possible stop sequence) its logprob waits too, and
 whatever is still waiting goes out with the choice's last delta (the EOS token's
 included, with its empty text).
+
+A token counts as reasoning (``reasoning_tokens``) when the parser was inside the
+thinking before its text or is after it: the markers count as thinking (an opening
+marker of several tokens too, once the parser sees it whole), the whitespace after
+``</think>`` does not. Text held back (a possible stop sequence) is
+judged when it is released, so the count can be off by the few tokens at the border.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ class RequestOutput:
     index: int = 0  # the choice this output is
     wants_logprobs: bool = False
     completion_tokens: int = 0
+    reasoning_tokens: int = 0  # of the completion tokens, those of the thinking
+    held_tokens: int = 0  # tokens whose text the parser holds outside the thinking (a marker's start?)
     started_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
     # Tokens whose text is not out yet (held back, or an incomplete UTF-8 character): they
@@ -79,13 +87,32 @@ class RequestOutput:
         and leaves the parser holding what it held then (a call's ids come out the same).
         """
         self.completion_tokens += len(token_ids)
-        text = self.parser.feed(self.stops.feed(self.detokenizer.add(token_ids)).text).content
+        text = ""
+        for token in token_ids:  # one by one, as they were generated: the reasoning count depends on it
+            was_thinking = self.parser.is_thinking
+            text += self.parser.feed(self.stops.feed(self.detokenizer.add([token])).text).content
+            self._count_reasoning(was_thinking, 1)
         if text != published_text:
             logger.error("resumed text differs from the published text: %r != %r", text, published_text)
 
     def consume(self, update: SequenceUpdate) -> list[TokenEvent]:
         """Events for one update; the list ends with ``ChoiceFinished`` when the choice is done."""
         self.completion_tokens += len(update.new_token_ids)
+        was_thinking = self.parser.is_thinking
+        events = self._events(update)
+        self._count_reasoning(was_thinking, len(update.new_token_ids))
+        if events and isinstance(events[-1], ChoiceFinished):
+            events[-1] = events[-1].model_copy(update={"reasoning_tokens": self.reasoning_tokens})
+        return events
+
+    def _count_reasoning(self, was_thinking: bool, tokens: int) -> None:
+        if was_thinking or self.parser.is_thinking:
+            self.reasoning_tokens += tokens + self.held_tokens
+            self.held_tokens = 0
+        else:  # tokens of a marker the parser still holds count once it turns out to open the thinking
+            self.held_tokens = self.held_tokens + tokens if self.parser.holds_text else 0
+
+    def _events(self, update: SequenceUpdate) -> list[TokenEvent]:
         if self.first_token_at is None and update.new_token_ids:
             self.first_token_at = time.monotonic()
         self.pending_logprobs += [to_token_logprob(score, self.tokenizer) for score in update.logprobs or ()]

@@ -6,9 +6,12 @@ tool-call parser. ``OutputParsing`` is what a prepared request carries to say wh
 of the two a choice gets; ``ChoiceParser`` is one choice's running pair.
 
 Constrained output (a structured-output constraint, or a required or named tool
-choice) skips the reasoning split: the grammar holds from the first token, so no
-thinking precedes the answer, and deepseek_r1's "the output starts inside the
-thinking" would otherwise take the whole answer for reasoning.
+choice) keeps the reasoning split: its grammar is dormant while the model thinks
+(``worker/engine/reasoning_gate.py``), so the thinking is reasoning and the answer that
+matches the grammar is content (or tool calls). A prompt that already closed the
+thinking (Qwen3's ``enable_thinking: false``) skips the split: the output is all
+answer, and deepseek_r1's "the output starts inside the thinking" would otherwise take
+it for reasoning.
 """
 
 from __future__ import annotations
@@ -41,12 +44,15 @@ class OutputParsing:
 
     @classmethod
     def of(
-        cls, job: GenerationJob, call_format: ToolParserName | None, reasoning: ReasoningParserName
+        cls,
+        job: GenerationJob,
+        call_format: ToolParserName | None,
+        reasoning: ReasoningParserName,
+        *,
+        thought: bool = False,
     ) -> OutputParsing:
-        is_constrained = job.constraint is not None or (
-            job.tool_choice is not None and job.tool_choice.mode in ("required", "named")
-        )
-        return cls(job.request_id, job.tool_choice, call_format, "none" if is_constrained else reasoning)
+        """The parsing of ``job``'s choices; ``thought``: the prompt already closed the thinking."""
+        return cls(job.request_id, job.tool_choice, call_format, "none" if thought else reasoning)
 
     def parser(self, choice: int) -> ChoiceParser:
         """A fresh parser for choice ``choice``."""
@@ -63,6 +69,14 @@ class ChoiceParser:
     def __init__(self, splitter: ReasoningSplitter | None, calls: ToolCallParser | None) -> None:
         self._splitter = splitter
         self._calls = calls
+
+    @property
+    def is_thinking(self) -> bool:
+        return self._splitter is not None and self._splitter.is_thinking
+
+    @property
+    def holds_text(self) -> bool:
+        return self._splitter is not None and self._splitter.holds_text
 
     @property
     def has_calls(self) -> bool:

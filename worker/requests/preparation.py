@@ -23,6 +23,7 @@ from worker.requests.constraints import constrain
 from worker.requests.limits import ModelLimits, check_alternatives, check_prompt_ids
 from worker.requests.output_parsing import OutputParsing
 from worker.requests.params import DefaultLayers, build_engine_request
+from worker.requests.thinking import closes_thinking, thinking_markers
 from worker.requests.tokenization import Tokenizer
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,8 @@ def prepare(
     check_alternatives(job.prompt_logprobs, limits, "logprobs")
     engine_request = build_engine_request(job.request_id, prompt_ids, job.sampling, defaults, limits)
     _check_choices(job, engine_request)
-    engine_request = constrain(engine_request, job, grammars)
+    markers = thinking_markers(tokenizer, chat.reasoning, prompt_ids)
+    engine_request = constrain(engine_request, job, grammars, markers)
     engine_request = dataclasses.replace(
         engine_request,
         logprobs=job.logprobs,
@@ -87,7 +89,12 @@ def prepare(
         engine_requests=choice_requests(engine_request, job.n),
         stop_sequences=tuple(stop for stop in stops if stop),
         echo_text=_echo_text(job, prompt_ids, tokenizer, rendered) if job.echo else None,
-        parsing=OutputParsing.of(job, chat.call_format, chat.reasoning),
+        parsing=OutputParsing.of(
+            job,
+            chat.call_format,
+            chat.reasoning,
+            thought=closes_thinking(tokenizer, chat.reasoning, prompt_ids),
+        ),
     )
 
 

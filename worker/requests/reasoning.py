@@ -53,6 +53,16 @@ class ReasoningSplitter:
         self._state = _State.OPENING if name == "deepseek_r1" else _State.BEFORE
         self._held = ""
 
+    @property
+    def is_thinking(self) -> bool:
+        """Whether the text fed so far ends inside the thinking (or may still open it: deepseek_r1)."""
+        return self._state in (_State.OPENING, _State.THINKING)
+
+    @property
+    def holds_text(self) -> bool:
+        """Whether text fed so far is held back (it may be the start of a marker)."""
+        return bool(self._held)
+
     def feed(self, text: str) -> Split:
         pending, self._held = self._held + text, ""
         if self._state is _State.OPENING:

@@ -1,0 +1,146 @@
+"""Owns when a constrained sequence's grammar holds: from the first token, or once the model has thought.
+
+A reasoning model (``--reasoning-parser``) thinks before it answers: ``<think>...</think>``
+then the answer. A grammar that held from the first token would forbid the thinking,
+so, as vLLM does (``should_advance``/``is_reasoning_end``), the grammar is *dormant*
+while the model thinks: its row gets no mask and its matcher consumes nothing. It
+wakes right after the generated tokens complete the end marker, and then holds as it
+would have from the start.
+
+The two conventions (``worker/requests/reasoning.py``) start differently:
+
+* ``deepseek_r1``: the prompt ends inside the thinking, so the gate starts dormant.
+* ``qwen3``: thinking happens only if the output opens ``<think>``. The first token
+  chooses: the mask is the grammar's plus the marker's first token; a token the
+  grammar takes wakes it for good (JSON straight away, never an unconstrained first
+  token), the marker's first token (when the grammar refuses it) starts the
+  thinking, and the rest of a multi-token marker is then forced token by token.
+
+A prompt that already closes the thinking (Qwen3's ``enable_thinking: false`` renders
+an empty ``<think></think>`` block) gets no gate at all: ``EngineRequest.thinking`` is None
+and the grammar holds from the first token (``worker/requests/thinking.py`` decides).
+
+Intentional divergence from a grammar wrapper (``start: think? body`` in llguidance
+Lark): the thinking is the model's free text, and a wrapper would fill a full mask
+for every thinking token and would have to spell the markers as this tokenizer's
+special tokens; the gate costs nothing while the model thinks and matches on ids.
+
+The end marker is matched on token ids: the generated ids end with the marker's ids
+(Qwen3's and DeepSeek-R1's ``</think>`` are one added token each, which the models
+emit as such; a marker spelled in several tokens is matched on its canonical
+tokenization). Matching decoded text instead would catch other spellings, but could
+see the marker end inside a token (``>\\n``), where no matcher can start.
+"""
+
+from __future__ import annotations
+
+from enum import Enum, auto
+
+import llguidance
+import torch
+
+from worker.engine import ThinkingMarkers
+
+BITS = 32
+
+
+class _State(Enum):
+    CHOOSING = auto()  # qwen3's first token: the grammar, or the thinking's opening marker
+    OPENING = auto()  # the rest of a multi-token opening marker, forced
+    THINKING = auto()  # dormant until the end marker
+    AWAKE = auto()  # the grammar holds
+
+
+class ReasoningGate:
+    """One sequence's grammar matcher, dormant while its model thinks; feed it every accepted token."""
+
+    __slots__ = ("_markers", "_opened", "_state", "_tail", "matcher")
+
+    def __init__(self, matcher: llguidance.LLMatcher, markers: ThinkingMarkers | None) -> None:
+        self.matcher = matcher
+        self._markers = markers
+        self._opened = 0  # opening-marker tokens generated so far
+        self._tail: list[int] = []  # the last generated tokens, as long as the end marker
+        if markers is None:
+            self._state = _State.AWAKE
+        else:
+            self._state = _State.THINKING if markers.starts_thinking else _State.CHOOSING
+
+    @property
+    def needs_mask(self) -> bool:
+        """Whether the next token is constrained (not while the model thinks)."""
+        return self._state is not _State.THINKING
+
+    @property
+    def is_thinking(self) -> bool:
+        return self._state in (_State.OPENING, _State.THINKING)
+
+    def is_error(self) -> bool:
+        return self.matcher.is_error()
+
+    def is_stopped(self) -> bool:
+        """Whether the grammar is complete: the sequence ends (never while dormant)."""
+        return self._state is _State.AWAKE and self.matcher.is_stopped()
+
+    def fill_mask(self, row: torch.Tensor) -> None:
+        """Write the allowed next tokens into ``row`` (int32 words, bit b of word w is token 32 w + b)."""
+        if self._state is _State.OPENING:
+            row.zero_()
+            _allow(row, self._marker_start[self._opened])
+            return
+        # Drops the GIL: the driver's event loop runs meanwhile.
+        self.matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+        if self._state is _State.CHOOSING:
+            _allow(row, self._marker_start[0])
+
+    def consume(self, token: int) -> bool:
+        """Take one generated token; False when the grammar (or the forced marker) refuses it."""
+        if self._state is _State.AWAKE:
+            return bool(self.matcher.consume_token(token))
+        if self._state is _State.CHOOSING:
+            return self._choose(token)
+        if self._state is _State.OPENING:
+            return self._open(token)
+        self._think(token)
+        return True
+
+    def consume_all(self, tokens: list[int]) -> bool:
+        """Take tokens generated by an earlier run (a takeover), in order."""
+        return all(self.consume(token) for token in tokens)
+
+    @property
+    def _marker_start(self) -> tuple[int, ...]:
+        assert self._markers is not None  # only the reasoning states read it
+        return self._markers.start
+
+    def _choose(self, token: int) -> bool:
+        # The grammar first: a token both could take (a marker starting with what the grammar
+        # allows) answers rather than thinks, so the output always matches one of the two.
+        if self.matcher.validate_tokens([token]) == 1:
+            self._state = _State.AWAKE
+            return bool(self.matcher.consume_token(token))
+        if token != self._marker_start[0]:
+            return False
+        self._state = _State.OPENING
+        return self._open(token)
+
+    def _open(self, token: int) -> bool:
+        if token != self._marker_start[self._opened]:
+            return False
+        self._opened += 1
+        if self._opened == len(self._marker_start):
+            self._state = _State.THINKING
+        return True
+
+    def _think(self, token: int) -> None:
+        assert self._markers is not None
+        end = self._markers.end
+        self._tail = [*self._tail, token][-len(end) :]
+        if tuple(self._tail) == end:
+            self._state = _State.AWAKE
+
+
+def _allow(row: torch.Tensor, token: int) -> None:
+    word, bit = divmod(token, BITS)
+    value = (int(row[word]) & 0xFFFFFFFF) | (1 << bit)
+    row[word] = value - (1 << BITS) if value >= 1 << (BITS - 1) else value  # back to a signed int32
