@@ -19,7 +19,8 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from shared.access import apikeys
-from shared.jobs.jobqueue import redacted_url
+from shared.redis_connect import async_client
+from shared.redis_url import redacted_url
 from shared.settings import GatewaySettings
 
 _COLUMNS = ("ID", "NAME", "TENANT", "KEY", "RPM", "TPM", "ADMIN", "CREATED", "STATUS")
@@ -73,7 +74,7 @@ def _handler(action: Action) -> Callable[[argparse.Namespace], int]:
 
 
 async def _with_redis(url: str, action: Action, args: argparse.Namespace) -> int:
-    redis = Redis.from_url(url, socket_connect_timeout=2)
+    redis = async_client(url, socket_connect_timeout=2)
     try:
         return await action(redis, args)
     finally:

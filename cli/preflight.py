@@ -11,10 +11,10 @@ from __future__ import annotations
 import errno
 import socket
 
-from redis import Redis
 from redis.exceptions import RedisError
 
-from shared.jobs.jobqueue import redacted_url
+from shared.redis_connect import sync_client
+from shared.redis_url import redacted_url
 
 WORKER_REDIS_TIMEOUT_S = 5.0  # the worker has no Redis timeout setting; the gateway's defaults to 2 s
 
@@ -50,7 +50,7 @@ def port_problem(command: str, host: str, port: int, error: OSError) -> str:
 def require_redis(command: str, url: str, timeout_s: float) -> None:
     """Exit with one line unless the Redis at ``url`` answers a PING within ``timeout_s``."""
     try:
-        client = Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+        client = sync_client(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
     except ValueError as error:  # not a redis:// (rediss://, unix://) URL
         raise SystemExit(f"tokenferry {command}: bad Redis URL {redacted_url(url)}: {error}") from None
     try:

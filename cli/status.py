@@ -16,11 +16,11 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from cli import options
 from shared import cluster
+from shared.redis_connect import async_client
 from shared.registry import WorkerInfo
 
 _CLEAR_SCREEN = "\x1b[H\x1b[2J"
@@ -53,7 +53,7 @@ def run_status(values: dict[str, Any], *, once: bool) -> int:
 
 
 async def _watch(redis_url: str, interval_s: float, *, once: bool) -> int:
-    redis = Redis.from_url(redis_url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
+    redis = async_client(redis_url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
     is_live = not once and sys.stdout.isatty()
     try:
         while True:

@@ -28,6 +28,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from shared.redis_url import check_redis_url
+
 ENV_PREFIX = "TOKENFERRY_"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR"]
@@ -126,7 +128,11 @@ class TokenferrySettings(BaseSettings):
     )
     redis_url: Annotated[str, REDIS] = Field(
         DEFAULT_REDIS_URL,
-        description="redis://, rediss:// or unix:// URL shared by all processes.",
+        description=(
+            "redis://, rediss:// or unix:// URL shared by all processes, or"
+            " redis+sentinel://[:password@]host1:port1[,host2:port2]/service_name[/db]"
+            " to follow the primary through Redis Sentinel (the password is the data nodes')."
+        ),
         json_schema_extra=cli(metavar="URL"),
     )
     log_level: Annotated[LogLevel, OBSERVABILITY] = Field(
@@ -151,6 +157,4 @@ class TokenferrySettings(BaseSettings):
     @field_validator("redis_url")
     @classmethod
     def _redis_scheme(cls, url: str) -> str:
-        if not url.startswith(("redis://", "rediss://", "unix://")):
-            raise ValueError("redis_url must start with redis://, rediss:// or unix://")
-        return url
+        return check_redis_url(url)

@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from shared import keys, registry
 from shared.jobs.arq_seam import QueuePool
 from shared.jobs.streams import EventWriter
+from shared.redis_connect import async_client
 from shared.settings import WorkerSettings
 from worker.driver.engine_driver import DEFAULT_TUNING, DriverTuning, EngineDriver
 from worker.driver.lifecycle import JobLifecycle, Preparer
@@ -132,7 +133,7 @@ async def build_runtime(
     port = settings.metrics_port  # bound before the model loads: a busy port fails at once
     metrics_server = None if port is None else metrics.serve(port, settings.metrics_host, probes)
     backend = await asyncio.to_thread(_load_and_warm_up, settings, metrics.grammar_compile_seconds.observe)
-    redis = Redis.from_url(settings.redis_url)
+    redis = async_client(settings.redis_url)
     writer = EventWriter(redis)
     pool = interactive.pool
     lifecycle = JobLifecycle(pool, writer, backend.tokenizer, _preparer(settings, backend), worker_id)

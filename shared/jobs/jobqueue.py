@@ -14,58 +14,24 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
-from redis.asyncio import BlockingConnectionPool
-from redis.connection import SSLConnection, parse_url
-
-from shared import keys
+from shared import keys, redis_connect
 from shared.codec import deserialize_arq_job, encode_job, serialize_arq_job
 from shared.jobs.aborts import abort as abort  # re-exported: the queue's callers cancel jobs here
 from shared.jobs.aborts import withdraw as withdraw
 from shared.jobs.arq_seam import QueuePool, RedisSettings, create_pool, serialize_job
 from shared.protocol import GenerationJob, TokenizeJob
+from shared.redis_url import redacted_url as redacted_url  # re-exported: the CLI's messages mask with it
 
 logger = logging.getLogger(__name__)
 
 GENERATE_FUNCTION = "generate"
 TOKENIZE_FUNCTION = "tokenize"
-# TLS options a rediss:// URL may carry as query parameters, named as both libraries name them.
-_TLS_OPTIONS = {"ssl_keyfile", "ssl_certfile", "ssl_cert_reqs", "ssl_ca_certs", "ssl_check_hostname"}
 
 
 def redis_settings(url: str) -> RedisSettings:
-    """arq's connection settings for ``url``, read exactly as ``redis.asyncio.Redis.from_url`` reads it.
-
-    arq's own ``from_dsn`` leaves a percent-encoded password encoded and drops TLS
-    query options; redis-py's parser handles both (``rediss://:p%40ss@host/0?ssl_cert_reqs=none``).
-    """
-    parsed: dict[str, Any] = parse_url(url)  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
-    settings = RedisSettings(
-        host=parsed.get("host", "localhost"),
-        port=parsed.get("port", 6379),
-        unix_socket_path=parsed.get("path"),
-        database=parsed.get("db", 0),
-        username=parsed.get("username"),
-        password=parsed.get("password"),
-        ssl=parsed.get("connection_class") is SSLConnection,
-    )
-    for option in _TLS_OPTIONS & parsed.keys():
-        setattr(settings, option, parsed[option])
-    # Fail fast instead of arq's default of retrying the connection for seconds.
-    settings.conn_timeout = 2
-    settings.conn_retries = 0
-    return settings
-
-
-def redacted_url(url: str) -> str:
-    """``url`` with its password masked, for messages and logs."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rpartition("@")[2]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    """arq's connection settings for ``url`` (either form: ``shared/redis_connect.py``)."""
+    return redis_connect.arq_settings(url)
 
 
 async def open_pool(
@@ -94,7 +60,7 @@ async def open_pool(
         return await create_pool(
             settings, job_serializer=serialize_arq_job, job_deserializer=deserialize_arq_job
         )
-    connections = BlockingConnectionPool.from_url(
+    connections = redis_connect.blocking_pool(
         url, max_connections=max_connections, timeout=wait_s, socket_connect_timeout=connect_timeout_s or 2
     )
     pool = QueuePool(connections, job_serializer=serialize_arq_job, job_deserializer=deserialize_arq_job)

@@ -31,7 +31,7 @@ from collections.abc import AsyncGenerator, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
@@ -41,6 +41,7 @@ from shared.codec import decode_event
 from shared.errors import Timeout, Unavailable
 from shared.jobs.streams import StreamEvent
 from shared.protocol import TERMINAL_EVENT_TYPES
+from shared.redis_connect import dedicated_client
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +285,9 @@ class StreamMux:
 
     def _start(self) -> None:
         for _ in range(self._reader_count):
-            reader = _Reader(_reader_client(self._redis), self._redis, self._outage_tolerance_s)
+            reader = _Reader(
+                dedicated_client(self._redis, READER_CLIENT_NAME), self._redis, self._outage_tolerance_s
+            )
             reader.task = asyncio.get_running_loop().create_task(reader.run())
             self._readers.append(reader)
 
@@ -300,13 +303,3 @@ async def _wait(ready: asyncio.Event, deadline: float) -> None:
     except TimeoutError:
         raise Timeout("the request did not complete before its deadline") from None
     ready.clear()
-
-
-def _reader_client(redis: Redis) -> Redis:
-    """A client over one connection of its own, set up as ``redis``'s (address, password, TLS)."""
-    template = redis.connection_pool
-    options = {**template.connection_kwargs, "client_name": READER_CLIENT_NAME}
-    pool = BlockingConnectionPool(
-        connection_class=template.connection_class, max_connections=1, timeout=None, **options
-    )
-    return Redis(connection_pool=pool)
