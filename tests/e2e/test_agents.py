@@ -346,6 +346,23 @@ def test_langchain_tool_loop_calls_then_answers(gateway_url: str, model: str) ->
     assert isinstance(answer.content, str) and answer.content.strip()
 
 
+def test_langchain_reassembles_a_streamed_call_into_the_unstreamed_one(gateway_url: str, model: str) -> None:
+    llm = langchain_model(gateway_url, model).bind_tools([get_weather], tool_choice="get_weather")
+    messages = [HumanMessage("What is the weather in Oslo?")]
+
+    whole = llm.invoke(messages)
+    chunks = list(llm.stream(messages))
+    streamed = chunks[0]
+    for chunk in chunks[1:]:
+        streamed += chunk
+
+    assert len(chunks) > 1  # it did stream
+    assert [(call["name"], call["args"]) for call in streamed.tool_calls] == [
+        (call["name"], call["args"]) for call in whole.tool_calls
+    ]
+    assert [call["name"] for call in whole.tool_calls] == ["get_weather"]
+
+
 class Verdict(BaseModel):
     sentiment: Literal["positive", "negative"]
     confidence: int = Field(ge=0, le=10)
