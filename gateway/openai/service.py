@@ -10,6 +10,7 @@ gateway, so its view is stored before it starts (``gateway/dispatch/resume.py``)
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -44,7 +45,10 @@ class OpenAIService:
     async def chat(self, body: schema.ChatCompletionRequest) -> objects.ChatCompletion | EventSourceResponse:
         """The assistant's next message; streamed as chat.completion.chunk events if asked."""
         created_at = time.time()
-        [job] = translate.request_jobs(body, self.request_id, created_at, self.state.max_choices)
+        # On a thread: checking a large schema or grammar would stall every stream of this gateway.
+        [job] = await asyncio.to_thread(
+            translate.request_jobs, body, self.request_id, created_at, self.state.max_choices
+        )
         job = await self.quota.charge(job)
         meta = translate.chat_meta(body, self.request_id, created_at)
         if body.stream:
@@ -54,7 +58,9 @@ class OpenAIService:
     async def complete(self, body: schema.CompletionRequest) -> objects.Completion | EventSourceResponse:
         """Each prompt continued (one job per prompt); streamed as text_completion chunks if asked."""
         created_at = time.time()
-        jobs = translate.request_jobs(body, self.request_id, created_at, self.state.max_choices)
+        jobs = await asyncio.to_thread(
+            translate.request_jobs, body, self.request_id, created_at, self.state.max_choices
+        )
         jobs = await self.quota.charge_all(jobs)
         meta = translate.completion_meta(body, self.request_id, created_at)
         if body.stream:

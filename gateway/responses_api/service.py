@@ -11,6 +11,7 @@ it as ``previous_response_id`` continues its conversation (``ResponseStore.histo
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from contextlib import aclosing
@@ -54,7 +55,9 @@ class ResponseService:
             raise InvalidRequest("A background response must be stored; leave store unset.", param="store")
         created_at = time.time()
         history = await self._history(body.previous_response_id)
-        job = await self.quota.charge(translate.response_job(body, self.request_id, created_at, history))
+        # On a thread: checking a large schema would stall every stream of this gateway.
+        job = await asyncio.to_thread(translate.response_job, body, self.request_id, created_at, history)
+        job = await self.quota.charge(job)
         pending = translate.pending_response(body, self.request_id, created_at)
         conversation = translate.conversation(body, history)
         if body.background:

@@ -9,6 +9,8 @@ the caller's quota, submitted through the dispatcher, and answered as one
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import time
 from dataclasses import dataclass
 from typing import Annotated
@@ -67,7 +69,14 @@ class TgiService:
 
     async def _charged_job(self, body: GenerateRequest, *, stream: bool) -> GenerationJob:
         model = resolve_model(body.model, await registry.live_workers(self.state.pool))
-        job = translate.generate_job(body, model, self.request_id, time.time(), stream=stream)
+        # On a thread: checking a large grammar would stall every stream of this gateway.
+        job = await asyncio.to_thread(
+            functools.partial(translate.generate_job, stream=stream),
+            body,
+            model,
+            self.request_id,
+            time.time(),
+        )
         return await self.quota.charge(job)
 
 

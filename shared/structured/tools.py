@@ -19,11 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import llguidance
-
 from shared.errors import InvalidRequest
 from shared.protocol import FunctionTool, JsonConstraint, ToolChoice
-from shared.structured.grammars import ANY_OBJECT, json_grammar
+from shared.structured.grammars import ANY_OBJECT, json_grammar, problem_of
 
 
 def parameters_schema(tool: FunctionTool) -> dict[str, Any]:
@@ -90,7 +88,7 @@ def check_tools(tools: list[FunctionTool], choice: ToolChoice, param: str = "too
             raise InvalidRequest(f"Two tools are named '{tool.name}'; names must be unique.", param=param)
         where = f"{param}.{index}.function.parameters"
         if tool.parameters is not None:
-            problem = llguidance.LLMatcher.validate_grammar(json_grammar(tool.parameters, where))
+            problem = problem_of(json_grammar(tool.parameters, where))
             if problem:
                 raise InvalidRequest(
                     f"{where} is not a JSON schema tokenferry can enforce: {problem.strip().splitlines()[0]}",

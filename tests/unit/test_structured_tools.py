@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import uuid
+from typing import Any
 
 import jsonschema
 import llguidance
+import pytest
 
-from shared.protocol import FunctionTool, ToolChoice
+from shared.errors import InvalidRequest
+from shared.protocol import FunctionTool, JsonConstraint, RegexConstraint, ToolChoice
 from shared.structured import grammars, tools
 
 NESTED = {
@@ -62,3 +66,25 @@ class _ByteTokenizer:
 
     def __call__(self, text: str | bytes) -> list[int]:
         return list(text.encode() if isinstance(text, str) else text)
+
+
+def test_a_grammar_is_validated_once_however_often_it_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    validate = llguidance.LLMatcher.validate_grammar
+
+    def counting(grammar: str, *args: Any, **kwargs: Any) -> str:
+        calls.append(grammar)
+        return validate(grammar, *args, **kwargs)
+
+    monkeypatch.setattr(llguidance.LLMatcher, "validate_grammar", counting)
+    # Names no other test uses: the cache lives as long as the process.
+    unique = uuid.uuid4().hex
+    schema = {"type": "object", "properties": {f"once_{unique}": {"type": "integer"}}}
+    for _ in range(3):
+        grammars.check(JsonConstraint(json_schema=schema))
+    with pytest.raises(InvalidRequest):
+        grammars.check(RegexConstraint(pattern=f"{unique}(unclosed"))
+    with pytest.raises(InvalidRequest):  # a refusal is remembered too, and still refused
+        grammars.check(RegexConstraint(pattern=f"{unique}(unclosed"))
+
+    assert len(calls) == 2
