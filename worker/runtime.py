@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
-from shared import keys, registry
+from shared import engines, keys, registry
 from shared.jobs.arq_seam import QueuePool
 from shared.jobs.streams import EventWriter
 from shared.redis_connect import async_client
@@ -189,6 +189,8 @@ def _preparer(settings: WorkerSettings, backend: Backend) -> Preparer:
         backend.vocab_size,
         # Beam search runs its beams as rows of one generate call: never more than a batch.
         max_num_beams=min(settings.max_num_beams, settings.max_batch_size),
+        engine=settings.engine,
+        engine_refuses=engines.refused_by(settings.engine),
     )
     return functools.partial(
         prepare,
@@ -211,4 +213,6 @@ def _worker_info(settings: WorkerSettings, worker_id: str, backend: Backend) -> 
         aliases=settings.model_aliases,
         max_model_len=backend.max_model_len,
         started_at=time.time(),
+        engine=settings.engine,
+        refuses=engines.refused_by(settings.engine),
     )

@@ -35,7 +35,7 @@ from starlette.types import Receive
 from gateway.http.errors import unknown_model
 from gateway.http.shutdown import server_is_stopping
 from gateway.ops.metrics import note_event, note_model
-from shared import keys, registry
+from shared import engines, keys, registry
 from shared.errors import NoLiveWorker, Overloaded, TokenferryError, WorkerFailed, error_from_info
 from shared.jobs import jobqueue
 from shared.jobs.arq_seam import QueuePool
@@ -47,6 +47,7 @@ from shared.protocol import (
     Failed,
     Finished,
     GenerationJob,
+    SamplingSpec,
     TokenEvent,
 )
 
@@ -180,7 +181,7 @@ class Dispatcher:
         return events
 
     async def _submit(self, job: GenerationJob) -> Acceptance:
-        job = job.model_copy(update={"model": await require_live(self._pool, job.model)})
+        job = job.model_copy(update={"model": await require_live(self._pool, job.model, job.sampling)})
         note_model(job.model)
         enqueued_at = time.monotonic()
         deadline = enqueued_at + self._timeout_s
@@ -231,13 +232,16 @@ class Dispatcher:
         raise WorkerFailed("the event stream ended before its first event")
 
 
-async def require_live(redis: Redis, model: str) -> str:
+async def require_live(redis: Redis, model: str, sampling: SamplingSpec | None = None) -> str:
     """The canonical model ``model`` names (itself, or the model it is an alias of), to enqueue on.
 
-    404 for a name nobody ever served, 503 for one whose workers are all gone right now.
+    404 for a name nobody ever served, 503 for one whose workers are all gone right now, 400
+    for ``sampling`` asking what the workers' engine cannot honour (``shared/engines.py``).
     """
     availability, info = await registry.model_availability(redis, model)
     if info is not None:
+        if sampling is not None:
+            engines.refuse(sampling.model_dump(), info.refuses, info.engine, info.model)
         return info.model
     if availability is registry.ModelAvailability.UNKNOWN:
         raise unknown_model(model, registry.served_names(await registry.live_workers(redis)))

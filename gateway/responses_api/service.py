@@ -140,7 +140,7 @@ class ResponseService:
         pending: Response,
         conversation: list[ChatMessage],
     ) -> Response | EventSourceResponse:
-        job = job.model_copy(update={"model": await require_live(self.state.pool, body.model)})
+        job = job.model_copy(update={"model": await require_live(self.state.pool, body.model, job.sampling)})
         if not body.stream:
             await self._enqueue_background(job, pending, conversation)
             return pending

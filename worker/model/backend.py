@@ -2,7 +2,8 @@
 
 The fake engine (tests, load tests) never imports torch; the transformers backend
 loads the model (``worker/model/loading.py``) and picks the batched engine unless a
-cache option only the per-sequence engine honours is set.
+cache option only the per-sequence engine honours is set; the vllm backend starts
+vLLM's engine (``worker/engine/vllm_adapter/``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def load_backend(
         return Backend(
             engine, ByteTokenizer(), {}, settings.max_model_len or 4096, vocab_size=FAKE_VOCAB_SIZE
         )
+    if settings.engine == "vllm":
+        from worker.engine.vllm_adapter.launch import load_vllm_backend
+
+        return load_vllm_backend(settings, on_grammar_compile)
     return _load_transformers_backend(settings, on_grammar_compile)
 
 

@@ -40,6 +40,9 @@ class ModelLimits:
     vocab_size: int
     # The widest beam search a request may ask for (the operator's bound, at most the batch size).
     max_num_beams: int
+    # The engine, and the parameters it cannot honour (``shared/engines.py``).
+    engine: str = "transformers"
+    engine_refuses: tuple[str, ...] = ()
 
 
 # (field of SamplingParams, the request's name for it, the test its value must pass, what it must be)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from shared import engines
 from shared.errors import ContextLengthExceeded
 from shared.protocol import SamplingSpec
 from worker.engine import EngineRequest, SamplingParams
@@ -119,6 +120,10 @@ def build_engine_request(
     spec = defaults.under(request)
     params = to_sampling_params(spec)
     check_params(params, limits)
+    # Resolved values: a server default or the model's generation config may ask it too.
+    engines.refuse(
+        {name: getattr(params, name) for name in limits.engine_refuses}, limits.engine_refuses, limits.engine
+    )
     fallback_max_tokens = merge_specs(defaults.server, defaults.model).max_tokens
     max_new_tokens = resolve_max_tokens(
         request.max_tokens, fallback_max_tokens, len(prompt_token_ids), limits

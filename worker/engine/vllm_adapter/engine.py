@@ -1,0 +1,121 @@
+"""Owns ``VllmEngine``: vLLM's ``LLMEngine`` driven through the ``Engine`` protocol.
+
+vLLM's V1 engine loop is what the protocol was modelled on: ``add_request`` with
+token ids, ``step`` returning each request's new tokens, ``abort_request``,
+``has_unfinished_requests``. Its engine core runs in a child process (vLLM's
+default), so it computes the next step while the driver routes and publishes this
+one; ``step`` here only collects what the core has produced, waiting for it.
+
+Requests keep tokenferry's ids: the driver's ids are vLLM's. Priorities map to
+vLLM's ``priority`` scheduling (lower first: interactive before batch). A request
+vLLM refuses at ``add`` (an id outside the vocabulary, a prompt too long for its
+cache) raises, and the driver fails that request alone. Counts for metrics come from
+vLLM's own scheduler statistics (``_SchedulerCounts``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from worker.engine import EngineRequest, EngineStats, SequenceUpdate, failed_update
+from worker.engine.vllm_adapter.outputs import update_of
+from worker.engine.vllm_adapter.requests import prompt_of, sampling_params_of
+
+logger = logging.getLogger(__name__)
+
+
+class SchedulerCounts:
+    """The latest scheduler statistics vLLM recorded: a stat logger of its own (``StatLoggerBase``)."""
+
+    def __init__(self) -> None:
+        self.running = 0
+        self.waiting = 0
+        self.kv_usage = 0.0
+        self.prefix_hit_tokens = 0
+
+    def factory(self, vllm_config: Any, engine_index: int = 0) -> Any:
+        """What vLLM's ``stat_loggers`` takes: builds the logger that fills these counts."""
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        counts = self
+
+        class _Recorder(StatLoggerBase):  # type: ignore[misc]
+            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
+                if scheduler_stats is None:
+                    return
+                counts.running = scheduler_stats.num_running_reqs
+                counts.waiting = scheduler_stats.num_waiting_reqs
+                counts.kv_usage = float(scheduler_stats.kv_cache_usage)
+                prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
+                if prefix is not None:
+                    counts.prefix_hit_tokens += int(prefix.hits)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return _Recorder(vllm_config, engine_index)
+
+
+class VllmEngine:
+    """The ``Engine`` protocol over a built ``vllm.v1.engine.llm_engine.LLMEngine``."""
+
+    def __init__(
+        self, engine: Any, counts: SchedulerCounts, model_eos: frozenset[int], kv_tokens: int
+    ) -> None:
+        self._engine = engine
+        self._counts = counts
+        self._model_eos = model_eos
+        self._kv_tokens = kv_tokens
+        self._requests: dict[str, EngineRequest] = {}
+
+    def add(self, request: EngineRequest) -> None:
+        self._engine.add_request(
+            request.request_id,
+            prompt_of(request),
+            sampling_params_of(request, self._model_eos),
+            priority=request.priority,
+        )
+        self._requests[request.request_id] = request
+
+    def abort(self, request_id: str) -> None:
+        if self._requests.pop(request_id, None) is not None:
+            self._engine.abort_request([request_id])
+
+    def step(self) -> list[SequenceUpdate]:
+        updates: list[SequenceUpdate] = []
+        for output in self._engine.step():
+            request = self._requests.get(output.request_id)
+            if request is None:  # aborted while the core was computing it
+                continue
+            update = update_of(output, request)
+            if output.finished:
+                del self._requests[output.request_id]
+                if update.finish_reason is None:  # vLLM ended it for a reason of its own
+                    logger.warning("vLLM ended request %s without stop or length", output.request_id)
+                    update = failed_update(output.request_id)
+            elif not update.new_token_ids:
+                continue
+            updates.append(update)
+        return updates
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def stats(self) -> EngineStats:
+        counts = self._counts
+        return EngineStats(
+            running=counts.running,
+            waiting=counts.waiting,
+            kv_reserved_tokens=int(counts.kv_usage * self._kv_tokens),
+            kv_capacity_tokens=self._kv_tokens,
+            prefix_cache_hit_tokens=counts.prefix_hit_tokens,
+        )
+
+    def close(self) -> None:
+        shutdown = getattr(self._engine.engine_core, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
