@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 from redis.asyncio import Redis
 
 from shared.redis_server import EmbeddedRedis
+
+# vLLM's engine is an optional backend with a venv of its own: ``make test-vllm`` sets this and
+# runs tests/vllm there (and the engine contract against it); ``make test`` never imports vLLM.
+VLLM_TESTS = os.environ.get("TOKENFERRY_TEST_VLLM") == "1"
+collect_ignore = [] if VLLM_TESTS else ["vllm"]
 
 
 @pytest.fixture(scope="session")

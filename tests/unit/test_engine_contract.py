@@ -1,12 +1,14 @@
-"""The Engine contract, checked against every backend: the fake and the batched transformers engine."""
+"""The Engine contract, checked against every backend: the fake, the batched transformers engine and,
+under ``make test-vllm``, vLLM's (``worker/engine/vllm_adapter``) on the bundled model."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from shared.protocol import FinishReason
+from tests.conftest import VLLM_TESTS
 from tests.engines import batched_engine, request, run_to_end, run_with_failures, tiny_llama
 from worker.engine import Engine, EngineStats
 from worker.engine.fake import FakeEngine
@@ -14,12 +16,18 @@ from worker.engine.fake import FakeEngine
 EngineFactory = Callable[[], Engine]
 
 
-@pytest.fixture(scope="module", params=["fake", "transformers"])
-def make_engine(request: pytest.FixtureRequest) -> EngineFactory:
+@pytest.fixture(scope="module", params=["fake", "transformers", *(["vllm"] if VLLM_TESTS else [])])
+def make_engine(request: pytest.FixtureRequest) -> Iterator[EngineFactory]:
     if request.param == "fake":
-        return lambda: FakeEngine("contract text ☕ ", max_batch_size=8)
-    model = tiny_llama()
-    return lambda: batched_engine(model, max_batch_size=8)
+        yield lambda: FakeEngine("contract text ☕ ", max_batch_size=8)
+    elif request.param == "transformers":
+        model = tiny_llama()
+        yield lambda: batched_engine(model, max_batch_size=8)
+    else:
+        from tests.vllm_engine import shared_vllm_engine
+
+        with shared_vllm_engine() as make:
+            yield make
 
 
 def test_max_new_tokens_gives_exactly_that_many_and_length(make_engine: EngineFactory) -> None:

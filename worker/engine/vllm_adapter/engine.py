@@ -9,8 +9,10 @@ one; ``step`` here only collects what the core has produced, waiting for it.
 Requests keep tokenferry's ids: the driver's ids are vLLM's. Priorities map to
 vLLM's ``priority`` scheduling (lower first: interactive before batch). A request
 vLLM refuses at ``add`` (an id outside the vocabulary, a prompt too long for its
-cache) raises, and the driver fails that request alone. Counts for metrics come from
-vLLM's own scheduler statistics (``_SchedulerCounts``).
+cache) comes back from the next ``step`` as a ``failed`` update, alone, as a
+sequence the native engine cannot run does. A request counts as waiting until its
+first token and as running after; the cache's use and prefix hits come from vLLM's
+own scheduler statistics (``SchedulerCounts``).
 """
 
 from __future__ import annotations
@@ -29,8 +31,6 @@ class SchedulerCounts:
     """The latest scheduler statistics vLLM recorded: a stat logger of its own (``StatLoggerBase``)."""
 
     def __init__(self) -> None:
-        self.running = 0
-        self.waiting = 0
         self.kv_usage = 0.0
         self.prefix_hit_tokens = 0
 
@@ -47,8 +47,6 @@ class SchedulerCounts:
             def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
                 if scheduler_stats is None:
                     return
-                counts.running = scheduler_stats.num_running_reqs
-                counts.waiting = scheduler_stats.num_waiting_reqs
                 counts.kv_usage = float(scheduler_stats.kv_cache_usage)
                 prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
                 if prefix is not None:
@@ -71,29 +69,42 @@ class VllmEngine:
         self._model_eos = model_eos
         self._kv_tokens = kv_tokens
         self._requests: dict[str, EngineRequest] = {}
+        self._started: set[str] = set()  # requests with a token out: running, not waiting
+        self._refused: list[SequenceUpdate] = []  # what ``add`` could not hand to vLLM
 
     def add(self, request: EngineRequest) -> None:
-        self._engine.add_request(
-            request.request_id,
-            prompt_of(request),
-            sampling_params_of(request, self._model_eos),
-            priority=request.priority,
-        )
+        try:
+            self._engine.add_request(
+                request.request_id,
+                prompt_of(request),
+                sampling_params_of(request, self._model_eos),
+                priority=request.priority,
+            )
+        except Exception:  # vLLM validates a prompt and its parameters in add_request
+            logger.exception("vLLM refused sequence %s; failing it alone", request.request_id)
+            self._refused.append(failed_update(request.request_id))
+            return
         self._requests[request.request_id] = request
 
     def abort(self, request_id: str) -> None:
+        self._refused = [update for update in self._refused if update.request_id != request_id]
+        self._started.discard(request_id)
         if self._requests.pop(request_id, None) is not None:
             self._engine.abort_request([request_id])
 
     def step(self) -> list[SequenceUpdate]:
-        updates: list[SequenceUpdate] = []
+        updates, self._refused = self._refused, []
+        if not self._requests:  # nothing in flight: vLLM's step would wait for an output forever
+            return updates
         for output in self._engine.step():
             request = self._requests.get(output.request_id)
             if request is None:  # aborted while the core was computing it
                 continue
             update = update_of(output, request)
+            self._started.add(output.request_id)
             if output.finished:
                 del self._requests[output.request_id]
+                self._started.discard(output.request_id)
                 if update.finish_reason is None:  # vLLM ended it for a reason of its own
                     logger.warning("vLLM ended request %s without stop or length", output.request_id)
                     update = failed_update(output.request_id)
@@ -103,19 +114,23 @@ class VllmEngine:
         return updates
 
     def has_unfinished(self) -> bool:
-        return bool(self._requests)
+        return bool(self._requests or self._refused)
 
     def stats(self) -> EngineStats:
         counts = self._counts
+        running = len(self._started)
         return EngineStats(
-            running=counts.running,
-            waiting=counts.waiting,
-            kv_reserved_tokens=int(counts.kv_usage * self._kv_tokens),
+            running=running,
+            waiting=len(self._requests) - running,
+            kv_reserved_tokens=int(counts.kv_usage * self._kv_tokens) if self._requests else 0,
             kv_capacity_tokens=self._kv_tokens,
             prefix_cache_hit_tokens=counts.prefix_hit_tokens,
         )
 
     def close(self) -> None:
+        self._requests.clear()
+        self._started.clear()
+        self._refused.clear()
         shutdown = getattr(self._engine.engine_core, "shutdown", None)
         if shutdown is not None:
             shutdown()

@@ -1,0 +1,51 @@
+"""vLLM's engine for the contract tests: started once per module (a start takes a minute or more),
+each test getting a view whose ``close`` ends only that test's requests."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from shared.settings import WorkerSettings
+from worker.engine import Engine, EngineRequest, EngineStats, SequenceUpdate
+from worker.model.backend import load_backend
+
+
+class EngineView:
+    """The shared engine as one test sees it: ``close`` aborts what it added instead of stopping vLLM."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._added: list[str] = []
+
+    def add(self, request: EngineRequest) -> None:
+        self._added.append(request.request_id)
+        self._engine.add(request)
+
+    def abort(self, request_id: str) -> None:
+        self._engine.abort(request_id)
+
+    def step(self) -> list[SequenceUpdate]:
+        return self._engine.step()
+
+    def has_unfinished(self) -> bool:
+        return self._engine.has_unfinished()
+
+    def stats(self) -> EngineStats:
+        return self._engine.stats()
+
+    def close(self) -> None:
+        for request_id in self._added:
+            self._engine.abort(request_id)
+
+
+@contextmanager
+def shared_vllm_engine(**settings: object) -> Iterator[Callable[[], Engine]]:
+    """A factory of views of one vLLM engine on the bundled model, stopped on exit."""
+    backend = load_backend(
+        WorkerSettings(engine="vllm", max_batch_size=8, cpu_kvcache_space_gb=1, **settings)
+    )
+    try:
+        yield lambda: EngineView(backend.engine)
+    finally:
+        backend.engine.close()
