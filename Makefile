@@ -82,6 +82,12 @@ $(VLLM_STAMP): pyproject.toml Makefile | $(SERVE_STAMP)
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vllm', vllm.__version__)"
 	@touch $@
 
+# vLLM's engine behind the queue (tests/vllm: a gateway and two --engine vllm workers, a takeover)
+# and the Engine contract against it, in .venv-vllm; `.ci/run` runs it after `make test`.
+test-vllm: setup-vllm
+	TOKENFERRY_TEST_VLLM=1 HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -q --timeout 1500 \
+		tests/unit/test_engine_contract.py tests/vllm $(PYTEST_ARGS)
+
 # nginx for `make cluster` and its test only: Debian's package unpacked into the venv (no root
 # needed), or the nginx on PATH; off Debian without one it says what to install. Cheap when done.
 setup-nginx: | $(BIN)/python
