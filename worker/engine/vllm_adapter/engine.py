@@ -94,9 +94,19 @@ class VllmEngine:
 
     def step(self) -> list[SequenceUpdate]:
         updates, self._refused = self._refused, []
-        if not self._requests:  # nothing in flight: vLLM's step would wait for an output forever
-            return updates
-        for output in self._engine.step():
+        # vLLM's core steps on its own; one call of its ``step`` may collect nothing yet (the
+        # core still prefilling, or only statistics): wait for a step that moved a sequence.
+        # With nothing in flight its ``step`` would wait forever.
+        while self._requests:
+            progress = self._collect(self._engine.step())
+            updates += progress
+            if progress:
+                break
+        return updates
+
+    def _collect(self, outputs: list[Any]) -> list[SequenceUpdate]:
+        updates: list[SequenceUpdate] = []
+        for output in outputs:
             request = self._requests.get(output.request_id)
             if request is None:  # aborted while the core was computing it
                 continue
