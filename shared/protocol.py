@@ -203,6 +203,7 @@ class Usage(_Part):
     prompt_tokens: int
     completion_tokens: int
     reasoning_tokens: int = 0  # of the completion tokens, the thinking's (with a reasoning parser)
+    cached_tokens: int = 0  # of the prompt tokens, those served from the prefix cache (where reported)
 
     @property
     def total_tokens(self) -> int:

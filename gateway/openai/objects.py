@@ -22,12 +22,18 @@ class CompletionTokensDetails(BaseModel):
     reasoning_tokens: int = Field(description="Of the completion tokens, those of the model's thinking.")
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = Field(description="Of the prompt tokens, those the engine's prefix cache served.")
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
     # Sent only when the model thought (a worker with a reasoning parser): earlier shapes stay as they were.
     completion_tokens_details: CompletionTokensDetails | MISSING = MISSING
+    # Sent only when the engine reports prefix-cache hits (vLLM's) and there were some.
+    prompt_tokens_details: PromptTokensDetails | MISSING = MISSING
 
 
 class TopLogprob(BaseModel):

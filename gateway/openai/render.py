@@ -38,6 +38,7 @@ from gateway.openai.objects import (
     CompletionChoice,
     CompletionTokensDetails,
     FinishReasonName,
+    PromptTokensDetails,
     Usage,
 )
 from shared.protocol import (
@@ -84,17 +85,19 @@ def usage(wire: WireUsage) -> Usage:
 
 def summed_usage(usages: Iterable[WireUsage]) -> Usage:
     """The usage of several jobs (one per prompt): OpenAI sums prompts, completions and reasoning."""
-    prompt = completion = reasoning = 0
+    prompt = completion = reasoning = cached = 0
     for one in usages:
         prompt += one.prompt_tokens
         completion += one.completion_tokens
         reasoning += one.reasoning_tokens
+        cached += one.cached_tokens
     details = CompletionTokensDetails(reasoning_tokens=reasoning) if reasoning else MISSING
     return Usage(
         prompt_tokens=prompt,
         completion_tokens=completion,
         total_tokens=prompt + completion,
         completion_tokens_details=details,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached) if cached else MISSING,
     )
 
 

@@ -123,6 +123,19 @@ def test_a_json_schema_is_enforced_by_vllm(client: openai.OpenAI) -> None:
     assert set(parsed) == {"colour", "count"} and isinstance(parsed["count"], int)
 
 
+def test_a_repeated_prompt_reports_the_tokens_vllm_s_prefix_cache_served(client: openai.OpenAI) -> None:
+    # Long enough for whole cache blocks; both requests may land on either worker: three tries.
+    messages = [{"role": "user", "content": "Summarise: " + "the sea is wide and deep. " * 40}]
+    answers = [
+        client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0)  # type: ignore[arg-type]
+        for _ in range(3)
+    ]
+    cached = [answer.usage.prompt_tokens_details for answer in answers]  # type: ignore[union-attr]
+    assert cached[0] is None or cached[0].cached_tokens == 0
+    hits = [details.cached_tokens for details in cached[1:] if details is not None]
+    assert hits and all(0 < hit < answers[0].usage.prompt_tokens for hit in hits)  # type: ignore[union-attr]
+
+
 async def _both_workers_live(redis: Redis, cluster: VllmCluster) -> None:
     wanted = {cluster.worker_id(name) for name in WORKERS}
     deadline = time.monotonic() + 900

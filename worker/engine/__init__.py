@@ -113,6 +113,9 @@ class SequenceUpdate:
     logprobs: tuple[TokenScore, ...] | None = None
     # On the sequence's first update, when asked: one per prompt token, None for the first.
     prompt_logprobs: tuple[TokenScore | None, ...] | None = None
+    # On the sequence's first update, where the engine reports it: prompt tokens its prefix
+    # cache served (``usage.prompt_tokens_details.cached_tokens``).
+    cached_prompt_tokens: int | None = None
 
     @property
     def is_finished(self) -> bool:

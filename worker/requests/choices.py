@@ -83,5 +83,7 @@ class RequestChoices:
             prompt_tokens=self.outputs[0].prompt_tokens,
             completion_tokens=sum(output.completion_tokens for output in self.outputs),
             reasoning_tokens=sum(output.reasoning_tokens for output in self.outputs),
+            # One prompt for every choice: each may have been served from the cache, at most once.
+            cached_tokens=max(output.cached_prompt_tokens for output in self.outputs),
         )
         return Finished(finish_reason=last.finish_reason, usage=usage, stop_sequence=last.stop_sequence)

@@ -47,6 +47,7 @@ class RequestOutput:
     wants_logprobs: bool = False
     completion_tokens: int = 0
     reasoning_tokens: int = 0  # of the completion tokens, those of the thinking
+    cached_prompt_tokens: int = 0  # of the prompt tokens, those the engine's prefix cache served
     held_tokens: int = 0  # tokens whose text the parser holds outside the thinking (a marker's start?)
     started_at: float = field(default_factory=time.monotonic)
     first_token_at: float | None = None
@@ -98,6 +99,8 @@ class RequestOutput:
     def consume(self, update: SequenceUpdate) -> list[TokenEvent]:
         """Events for one update; the list ends with ``ChoiceFinished`` when the choice is done."""
         self.completion_tokens += len(update.new_token_ids)
+        if update.cached_prompt_tokens is not None:
+            self.cached_prompt_tokens = update.cached_prompt_tokens
         was_thinking = self.parser.is_thinking
         events = self._events(update)
         self._count_reasoning(was_thinking, len(update.new_token_ids))

@@ -17,6 +17,7 @@ own scheduler statistics (``SchedulerCounts``).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from typing import Any
 
@@ -111,6 +112,8 @@ class VllmEngine:
             if request is None:  # aborted while the core was computing it
                 continue
             update = update_of(output, request)
+            if output.request_id in self._started:
+                update = dataclasses.replace(update, cached_prompt_tokens=None)
             self._started.add(output.request_id)
             if output.finished:
                 del self._requests[output.request_id]

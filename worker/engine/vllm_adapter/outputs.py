@@ -33,7 +33,13 @@ def update_of(output: Any, request: EngineRequest) -> SequenceUpdate:
         prompt_logprobs = _prompt_scores(request, output.prompt_logprobs)
     finish = _FINISH.get(completion.finish_reason) if completion.finish_reason else None
     return SequenceUpdate(
-        output.request_id, token_ids, finish, logprobs=logprobs, prompt_logprobs=prompt_logprobs
+        output.request_id,
+        token_ids,
+        finish,
+        logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
+        # Set on a request's first delta only (later ones repeat it: ``VllmEngine`` keeps the first).
+        cached_prompt_tokens=getattr(output, "num_cached_tokens", None),
     )
 
 
