@@ -124,16 +124,18 @@ def test_a_json_schema_is_enforced_by_vllm(client: openai.OpenAI) -> None:
 
 
 def test_a_repeated_prompt_reports_the_tokens_vllm_s_prefix_cache_served(client: openai.OpenAI) -> None:
-    # Long enough for whole cache blocks; both requests may land on either worker: three tries.
+    # Long enough for many cache blocks. Two workers: of the second and third request, one lands
+    # where the prompt was seen (the chat template's system prefix may be cached for all three).
     messages = [{"role": "user", "content": "Summarise: " + "the sea is wide and deep. " * 40}]
     answers = [
         client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2, temperature=0)  # type: ignore[arg-type]
         for _ in range(3)
     ]
-    cached = [answer.usage.prompt_tokens_details for answer in answers]  # type: ignore[union-attr]
-    assert cached[0] is None or cached[0].cached_tokens == 0
-    hits = [details.cached_tokens for details in cached[1:] if details is not None]
-    assert hits and all(0 < hit < answers[0].usage.prompt_tokens for hit in hits)  # type: ignore[union-attr]
+    hits = [answer.usage.prompt_tokens_details for answer in answers]  # type: ignore[union-attr]
+    cached = [0 if details is None else details.cached_tokens for details in hits]
+    prompt_tokens = answers[0].usage.prompt_tokens  # type: ignore[union-attr]
+    assert max(cached[1:]) > cached[0] + 200, cached
+    assert max(cached) < prompt_tokens
 
 
 async def _both_workers_live(redis: Redis, cluster: VllmCluster) -> None:
