@@ -35,7 +35,7 @@ def tie_engine_core_to_this_process() -> None:
 
     if _entry is None:
         _entry = EngineCoreProc.run_engine_core
-        EngineCoreProc.run_engine_core = staticmethod(run_tied_engine_core)  # type: ignore[method-assign]
+        EngineCoreProc.run_engine_core = staticmethod(run_tied_engine_core)
 
 
 def run_tied_engine_core(*args: Any, **kwargs: Any) -> Any:
