@@ -147,12 +147,13 @@ def _run_worker(values: dict[str, object]) -> None:
     from worker.model.sources import ModelLoadError
 
     settings = _settings(WorkerSettings, values, "worker")
-    require_redis("worker", settings.redis_url, WORKER_REDIS_TIMEOUT_S)  # one line, before arq's log lines
+    # One line, before arq's log lines; a worker's Redis is its model group's.
+    require_redis("worker", settings.model_redis_url, WORKER_REDIS_TIMEOUT_S)
     worker_id = {"worker_id": settings.worker_id} if settings.worker_id else {}
     configure_logging(settings.log_level, settings.log_format, process="worker", **worker_id)
     try:
         run_worker(settings)
     except RedisConnectionError as error:
-        sys.exit(redis_problem("worker", settings.redis_url, error))
+        sys.exit(redis_problem("worker", settings.model_redis_url, error))
     except ModelLoadError as error:
         sys.exit(f"tokenferry worker: {error}")
