@@ -4,7 +4,8 @@ The home Redis (``--redis-url``) is also the group of the first model (named in
 ``--redis-groups`` with the home URL); the second model's glob sends it to the other
 Redis. The gateway must list both, answer both streamed and not, resume a stream and
 tokenize through the right group, read API keys from home only, and leave each model's
-queue, stream and registry keys in its own group's Redis alone.
+queue, stream and registry keys in its own group's Redis alone; ``tokenferry status``
+shows both groups' workers.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from shared import keys
 from shared.access import apikeys
 from shared.redis_server import EmbeddedRedis, free_port
 from shared.supervisor import Child
-from tests.processes import StreamReader, chat_text, spawn_cli, stop_all, wait_for_model
+from tests.processes import StreamReader, chat_text, run_cli, spawn_cli, stop_all, wait_for_model
 
 START_TIMEOUT_S = 60.0
 
@@ -79,6 +80,11 @@ async def test_two_models_in_two_groups_are_served_through_one_gateway(
             assert tokenized.status_code == 200, tokenized.text
             assert tokenized.json()["count"] > 0
         _assert_keys_in_their_group(home, other, {model_a: streamed[model_a], model_b: streamed[model_b]})
+        status = run_cli(
+            "status", "--redis-url", home.url, "--once", env={"TOKENFERRY_REDIS_GROUPS": json.dumps(groups)}
+        )
+        assert status.returncode == 0, status.stderr
+        assert f"{model_a}-w" in status.stdout and f"{model_b}-w" in status.stdout
         assert all(process.poll() is None for process in processes)
     finally:
         stop_all(processes)
