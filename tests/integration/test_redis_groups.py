@@ -10,7 +10,9 @@ shows both groups' workers.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -79,6 +81,8 @@ async def test_two_models_in_two_groups_are_served_through_one_gateway(
             tokenized = await client.post("/tokenize", json={"model": model_b, "prompt": "Hello there"})
             assert tokenized.status_code == 200, tokenized.text
             assert tokenized.json()["count"] > 0
+            await _background_response(client, model_b)
+            await _batch(client, model_b)
         _assert_keys_in_their_group(home, other, {model_a: streamed[model_a], model_b: streamed[model_b]})
         status = run_cli(
             "status", "--redis-url", home.url, "--once", env={"TOKENFERRY_REDIS_GROUPS": json.dumps(groups)}
@@ -124,6 +128,57 @@ async def _resumes(client: httpx.AsyncClient, model: str, request_id: str) -> No
     assert any(model in line for line in events)
 
 
+async def _until(client: httpx.AsyncClient, path: str, statuses: set[str]) -> dict[str, object]:
+    """GET ``path`` until its ``status`` is one of ``statuses`` (a background job's end)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        got: dict[str, object] = (await client.get(path)).json()
+        if got["status"] in statuses:
+            return got
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{path} stayed {got['status']}")
+
+
+async def _background_response(client: httpx.AsyncClient, model: str) -> None:
+    """A background response of a grouped model: its record at home, its job and stream in the group."""
+    body = {"model": model, "input": "Hi", "background": True, "max_output_tokens": 12}
+    started = await client.post("/v1/responses", json=body)
+    assert started.status_code == 200, started.text
+    ended = await _until(
+        client, f"/v1/responses/{started.json()['id']}", {"completed", "incomplete", "failed"}
+    )
+    assert ended["status"] != "failed", ended
+    assert ended["output"]
+
+
+async def _batch(client: httpx.AsyncClient, model: str) -> None:
+    """A batch of a grouped model's lines: the batch and its files at home, its lines' jobs in the group."""
+    lines = [
+        {"custom_id": f"line-{n}", "method": "POST", "url": "/v1/chat/completions", "body": _chat(model)}
+        for n in range(2)
+    ]
+    content = "".join(json.dumps(line) + "\n" for line in lines).encode()
+    uploaded = await client.post(
+        "/v1/files", files={"file": ("input.jsonl", content)}, data={"purpose": "batch"}
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    batch = await client.post(
+        "/v1/batches",
+        json={
+            "input_file_id": uploaded.json()["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+    )
+    assert batch.status_code == 200, batch.text
+    ended = await _until(client, f"/v1/batches/{batch.json()['id']}", {"completed", "failed", "expired"})
+    assert ended["status"] == "completed", ended
+    output = await client.get(f"/v1/files/{ended['output_file_id']}/content")
+    results = [json.loads(line) for line in output.text.splitlines()]
+    assert sorted(result["custom_id"] for result in results) == ["line-0", "line-1"]
+    assert all(result["response"]["status_code"] == 200 for result in results)
+
+
 def _assert_keys_in_their_group(home: EmbeddedRedis, other: EmbeddedRedis, streams: dict[str, str]) -> None:
     (model_a, request_a), (model_b, request_b) = streams.items()
     with redis.Redis.from_url(home.url) as at_home, redis.Redis.from_url(other.url) as in_group:
@@ -138,3 +193,5 @@ def _assert_keys_in_their_group(home: EmbeddedRedis, other: EmbeddedRedis, strea
         assert _names(at_home, f"{keys.api_key('')}*") and not _names(in_group, f"{keys.api_key('')}*")
         assert at_home.exists(keys.request_view(request_a), keys.request_view(request_b)) == 2
         assert not _names(in_group, f"{keys.request_view('')}*")
+        for home_only in (keys.batch(""), keys.file(""), keys.response("")):
+            assert _names(at_home, f"{home_only}*") and not _names(in_group, f"{home_only}*")
