@@ -126,7 +126,8 @@ def _run_gateway(values: dict[str, object]) -> None:
     settings = _settings(GatewaySettings, values, "gateway")
     # One line each instead of uvicorn's lifespan traceback or a bind error after start-up.
     require_free_port("gateway", settings.host, settings.port)
-    require_redis("gateway", settings.redis_url, settings.redis_timeout_s)
+    for url in settings.model_groups().urls():  # the home Redis, then each model group's
+        require_redis("gateway", url, settings.redis_timeout_s)
     configure_logging(settings.log_level, settings.log_format, process="gateway")
     uvicorn.run(
         create_app(settings),
