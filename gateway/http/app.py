@@ -130,20 +130,8 @@ def _paths(router: APIRouter) -> set[str]:
 def _lifespan(settings: GatewaySettings) -> Callable[[FastAPI], AbstractAsyncContextManager[LifespanState]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[LifespanState]:
-        def open_pool(url: str) -> Awaitable[QueuePool]:
-            return jobqueue.open_pool(
-                url,
-                connect_timeout_s=settings.redis_timeout_s,
-                max_connections=settings.redis_max_connections,
-                wait_s=settings.redis_timeout_s,
-            )
-
-        pool = await open_pool(settings.redis_url)
-        try:
-            groups = await GroupPools.open(settings.model_groups(), pool, open_pool)
-        except BaseException:
-            await pool.aclose()
-            raise
+        groups = await _open_pools(settings)
+        pool = groups.home
         dispatcher = Dispatcher(
             groups,
             settings.request_timeout_s,
@@ -169,6 +157,25 @@ def _lifespan(settings: GatewaySettings) -> Callable[[FastAPI], AbstractAsyncCon
             logger.info("gateway stopped")
 
     return lifespan
+
+
+async def _open_pools(settings: GatewaySettings) -> GroupPools:
+    """The home Redis's pool, and one alike for each model group's Redis (all or none)."""
+
+    def open_pool(url: str) -> Awaitable[QueuePool]:
+        return jobqueue.open_pool(
+            url,
+            connect_timeout_s=settings.redis_timeout_s,
+            max_connections=settings.redis_max_connections,
+            wait_s=settings.redis_timeout_s,
+        )
+
+    home = await open_pool(settings.redis_url)
+    try:
+        return await GroupPools.open(settings.model_groups(), home, open_pool)
+    except BaseException:
+        await home.aclose()
+        raise
 
 
 def build_state(settings: GatewaySettings, groups: GroupPools, dispatcher: Dispatcher) -> GatewayState:
