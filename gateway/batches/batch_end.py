@@ -78,9 +78,9 @@ async def give_up_batch(context: BatchContext, batch_id: str, failures: int) -> 
     """The runner's last word on a batch whose driver raised ``failures`` times running: its running
     lines are aborted and it ends (see ``end_with_errors``)."""
     batch = await context.store.get(batch_id)
-    queue = context.groups.for_model(batch.model if batch is not None and batch.model else "")
+    group_pool = context.groups.for_model(batch.model if batch is not None and batch.model else "")
     for request_id in (await context.store.running_lines(batch_id)).values():
-        await jobqueue.abort(queue, request_id)
+        await jobqueue.abort(group_pool, request_id)
     message = (
         f"The batch could not be run: this server failed on it {failures} times in a row. "
         "The lines that finished are in its files."

@@ -81,8 +81,8 @@ class BatchRun:
         self._running: dict[int, _Line] = {}
         self._job_ids: dict[int, list[str]] = {}  # line -> its jobs' ids
         # The lines' jobs and streams are in their model's group; the batch's records stay home.
-        self._queue = context.groups.for_model(model or batch.model or "")
-        self._reader = EventReader(self._queue)
+        self._group_pool = context.groups.for_model(model or batch.model or "")
+        self._reader = EventReader(self._group_pool)
 
     async def run(self) -> None:
         """Run lines until the batch completes, is cancelled or expires."""
@@ -152,7 +152,7 @@ class BatchRun:
             jobs += self._track(line, request_ids[line], parsed)
             await asyncio.sleep(0)  # a line at a time: interactive requests share this event loop
         if jobs:
-            await jobqueue.enqueue_many(self._queue, jobs, keys.Lane.BATCH)
+            await jobqueue.enqueue_many(self._group_pool, jobs, keys.Lane.BATCH)
 
     async def _resume_running(self) -> None:
         """After a takeover: read back the lines recorded as running, and enqueue again those whose
@@ -160,20 +160,20 @@ class BatchRun:
         for line, request_id in (await self._store.running_lines(self._batch.id)).items():
             [outcome] = await self._source.lines(self._index, line, 1, self._rules)
             if not isinstance(outcome, ParsedLine):
-                await jobqueue.abort(self._queue, request_id)
+                await jobqueue.abort(self._group_pool, request_id)
                 custom_id = (await self._custom_ids(line, 1))[0]
                 refusal = batch_lines.error_line(custom_id, _line_id(request_id), request_id, outcome)
                 await self._store.finish_line(self._batch.id, line, refusal.model_dump_json(), failed=True)
                 continue
             for job in self._track(line, request_id, outcome):
-                if not await self._queue.exists(keys.events(job.request_id)):
-                    await jobqueue.enqueue(self._queue, job, lane=keys.Lane.BATCH)
+                if not await self._group_pool.exists(keys.events(job.request_id)):
+                    await jobqueue.enqueue(self._group_pool, job, lane=keys.Lane.BATCH)
 
     async def _collect(self) -> None:
         """Fold every running line whose jobs have all ended into its result line."""
         if not self._running:
             return
-        over = await ended_requests(self._queue, [rid for ids in self._job_ids.values() for rid in ids])
+        over = await ended_requests(self._group_pool, [rid for ids in self._job_ids.values() for rid in ids])
         ended = [line for line, ids in self._job_ids.items() if all(job_id in over for job_id in ids)]
         if ended:
             await self._finish(ended)
@@ -199,7 +199,7 @@ class BatchRun:
         """End early (cancelled or expired): abort what runs, write what finished, then the files."""
         for job_ids in self._job_ids.values():
             for job_id in job_ids:
-                await jobqueue.abort(self._queue, job_id)
+                await jobqueue.abort(self._group_pool, job_id)
         if status == "expired":
             await self._expire_rest()
         fields = await write_files(self._context, self._batch.id)

@@ -161,8 +161,8 @@ class ResponseService:
     ) -> None:
         """Store and enqueue a background response; its job gets a deadline like every job."""
         await self.store.create(self.tenant, pending, self.request_id, conversation)
-        queue = self.state.groups.for_model(job.model)
-        await jobqueue.enqueue(queue, self.state.dispatcher.with_deadline(job))
+        group_pool = self.state.groups.for_model(job.model)
+        await jobqueue.enqueue(group_pool, self.state.dispatcher.with_deadline(job))
 
     async def _open_stream(
         self, build: Callable[[sse.OnClose], Awaitable[EventSourceResponse]]
