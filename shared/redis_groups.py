@@ -10,10 +10,10 @@ Redis URL of either accepted form (``shared/redis_url.py``)::
       "qwen*": redis+sentinel://s1:26379,s2:26379/qwen
 
 Everything of one model (its queues, event streams, run records, aborts, replies
-and its workers' registry: ``keys.GROUP`` keys) lives in its group's Redis; what
-belongs to tenants, not models (API keys, rate limits, files, batches, stored
-responses, resumable stream views: ``keys.HOME`` keys) stays in ``--redis-url``, the
-home Redis. A model no pattern matches is served from home, so without the setting
+and its workers' registry: ``Side.GROUP`` in ``keys.SIDES``) lives in its group's
+Redis; what belongs to tenants, not models (API keys, rate limits, files, batches,
+stored responses, resumable stream views: ``Side.HOME``) stays in ``--redis-url``,
+the home Redis. A model no pattern matches is served from home, so without the setting
 nothing changes.
 
 Precedence: a pattern without glob characters (a model's own name) beats every
