@@ -126,7 +126,8 @@ def _run_gateway(values: dict[str, object]) -> None:
     settings = _settings(GatewaySettings, values, "gateway")
     # One line each instead of uvicorn's lifespan traceback or a bind error after start-up.
     require_free_port("gateway", settings.host, settings.port)
-    require_redis("gateway", settings.redis_url, settings.redis_timeout_s)
+    for url in settings.model_groups().urls():  # the home Redis, then each model group's
+        require_redis("gateway", url, settings.redis_timeout_s)
     configure_logging(settings.log_level, settings.log_format, process="gateway")
     uvicorn.run(
         create_app(settings),
@@ -152,12 +153,13 @@ def _run_worker(values: dict[str, object]) -> None:
 
         if missing := vllm_missing():
             sys.exit(f"tokenferry worker: {missing}")
-    require_redis("worker", settings.redis_url, WORKER_REDIS_TIMEOUT_S)  # one line, before arq's log lines
+    # One line, before arq's log lines; a worker's Redis is its model group's.
+    require_redis("worker", settings.model_redis_url, WORKER_REDIS_TIMEOUT_S)
     worker_id = {"worker_id": settings.worker_id} if settings.worker_id else {}
     configure_logging(settings.log_level, settings.log_format, process="worker", **worker_id)
     try:
         run_worker(settings)
     except RedisConnectionError as error:
-        sys.exit(redis_problem("worker", settings.redis_url, error))
+        sys.exit(redis_problem("worker", settings.model_redis_url, error))
     except ModelLoadError as error:
         sys.exit(f"tokenferry worker: {error}")

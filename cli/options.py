@@ -120,7 +120,7 @@ def _kind_options(name: str, field: FieldInfo) -> dict[str, Any]:
         return {**many, "metavar": metavar or "VALUE"}
     if typing.get_origin(kind) is typing.Literal:
         return {"choices": [*typing.get_args(kind), *meta.get("synonyms", {})]}
-    if isinstance(kind, type) and issubclass(kind, BaseModel):
+    if typing.get_origin(kind) is dict or (isinstance(kind, type) and issubclass(kind, BaseModel)):
         return {"type": _yaml_mapping, "metavar": metavar or "YAML"}
     if kind is float:
         return {"type": float, "metavar": metavar or ("S" if name.endswith("_s") else "F")}

@@ -4,6 +4,8 @@ It shows what Redis knows, the same view every gateway has: live workers (from
 their heartbeats, with the load each one last reported) and the depth of every
 queue lane. It redraws every ``--interval`` seconds until Ctrl-C; ``--once``
 prints one snapshot and exits (for scripts and tests). Imports neither tier.
+With model groups (``--redis-groups``, from the environment or ``--config``) it reads
+the home Redis and every group's, and shows them as one cluster.
 """
 
 from __future__ import annotations
@@ -47,20 +49,26 @@ def run_status(values: dict[str, Any], *, once: bool) -> int:
 
     settings = StatusSettings(**values)
     try:
-        return asyncio.run(_watch(settings.redis_url, settings.interval_s, once=once))
+        urls = settings.model_groups().urls()
+        return asyncio.run(_watch(urls, settings.interval_s, once=once))
     except KeyboardInterrupt:
         return 0
 
 
-async def _watch(redis_url: str, interval_s: float, *, once: bool) -> int:
-    redis = async_client(redis_url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S)
+async def _watch(urls: Sequence[str], interval_s: float, *, once: bool) -> int:
+    """Redraw the snapshot of the Redis servers at ``urls`` (home first, then the model groups')."""
+    clients = [
+        async_client(url, socket_timeout=_TIMEOUT_S, socket_connect_timeout=_TIMEOUT_S) for url in urls
+    ]
+    source = redact(urls[0]) + (f" + {len(urls) - 1} model group(s)" if len(urls) > 1 else "")
     is_live = not once and sys.stdout.isatty()
     try:
         while True:
             try:
-                screen = render(await cluster.read_snapshot(redis), redact(redis_url))
+                snapshots = [await cluster.read_snapshot(redis) for redis in clients]
+                screen = render(cluster.merged(snapshots), source)
             except (RedisError, OSError) as error:
-                problem = f"tokenferry status: cannot read Redis at {redact(redis_url)}: {error}"
+                problem = f"tokenferry status: cannot read Redis at {source}: {error}"
                 if once:
                     print(problem, file=sys.stderr)
                     return 1
@@ -70,7 +78,8 @@ async def _watch(redis_url: str, interval_s: float, *, once: bool) -> int:
                 return 0
             await asyncio.sleep(interval_s)
     finally:
-        await redis.aclose()
+        for redis in clients:
+            await redis.aclose()
 
 
 def render(snapshot: cluster.ClusterSnapshot, source: str) -> str:

@@ -15,6 +15,7 @@ waiting part is the difference.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 from redis.asyncio import Redis
@@ -59,6 +60,22 @@ async def queue_depths(redis: Redis, models: list[str]) -> list[QueueDepth]:
         QueueDepth(model=model, lane=lane, jobs=count)
         for (model, lane), count in zip(lanes, counts, strict=True)
     ]
+
+
+def merged(snapshots: Sequence[ClusterSnapshot]) -> ClusterSnapshot:
+    """One snapshot of several Redis servers (the home one and the model groups')."""
+    if len(snapshots) == 1:
+        return snapshots[0]
+    lanes = list(keys.Lane)
+    workers = [worker for snapshot in snapshots for worker in snapshot.workers]
+    return ClusterSnapshot(
+        taken_at=min(snapshot.taken_at for snapshot in snapshots),
+        workers=sorted(workers, key=lambda worker: (worker.model, worker.worker_id)),
+        queues=sorted(
+            (queue for snapshot in snapshots for queue in snapshot.queues),
+            key=lambda queue: (queue.model, lanes.index(queue.lane)),
+        ),
+    )
 
 
 async def read_snapshot(redis: Redis) -> ClusterSnapshot:

@@ -64,6 +64,16 @@ arq's layout without arq: the enqueue script and the clean-up of dead attempts
 (``shared/jobs/jobqueue.py``) and the claim script (``worker/queue/claims.py``).
 arq itself is imported only by ``shared/jobs/arq_seam.py``. A job id is a request id,
 or one of its attempts' (``attempt_job_id``).
+
+Every key lives on one side (``SIDES``, which a unit test keeps complete, so a new key
+must pick one): **group** keys are one model's traffic and live in its model group's
+Redis (``--redis-groups``, ``shared/redis_groups.py``): the queues and arq's keys, event
+streams, run records, cancellations, aborts, wake-ups, replies and the workers'
+registry. **Home** keys belong to tenants or to the gateways and live in
+``--redis-url``: API keys, rate limits, owners, files, batches, open-stream slots,
+runner leases, stored responses and ``tf:request`` (a stream's view, which names the
+model, so a resume on any gateway finds the request's group). Without groups both
+sides are the same Redis. No script or pipeline may mix the sides.
 """
 
 from __future__ import annotations
@@ -90,6 +100,13 @@ CANCELLED_TTL_S = 3600
 REPLY_TTL_S = 60
 # Rate limits are per minute: a bucket untouched this long has refilled, so it may vanish.
 RATE_WINDOW_S = 60
+
+
+class Side(StrEnum):
+    """Which Redis a key lives in once models are grouped (``shared/redis_groups.py``)."""
+
+    HOME = "home"  # --redis-url: tenants' records and the gateways' own
+    GROUP = "group"  # the model group's Redis: one model's jobs, streams and workers
 
 
 class Lane(StrEnum):
@@ -256,3 +273,17 @@ def runner_failures(kind: str, resource_id: str) -> str:
 
 def response(response_id: str) -> str:
     return f"{PREFIX}response:{response_id}"
+
+
+_GROUP_KEYS = (
+    "queue", "events", "worker", "workers_index", "known_models", "reply", "run", "running",
+    "cancelled", "wake", "ABORTS_CHANNEL", "ARQ_JOB_PREFIX", "ARQ_IN_PROGRESS_PREFIX",
+    "ARQ_RETRY_PREFIX", "ARQ_RESULT_PREFIX", "ARQ_ABORTS",
+)  # fmt: skip
+_HOME_KEYS = (
+    "api_key", "api_keys_index", "rate_bucket", "owner", "request_view", "file", "file_content",
+    "files_index", "files_usage", "open_streams", "batch", "batch_part", "batches_index", "active",
+    "runner_lease", "queue_depth_lease", "runner_failures", "response",
+)  # fmt: skip
+# Each key function or key constant of this module, by name, and the side it lives on.
+SIDES: dict[str, Side] = {name: Side.GROUP for name in _GROUP_KEYS} | {name: Side.HOME for name in _HOME_KEYS}

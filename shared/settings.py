@@ -360,6 +360,12 @@ class WorkerSettings(TokenferrySettings):
         names = self.served_model_name or []
         return tuple(dict.fromkeys(name for name in names[1:] if name != self.model_name))
 
+    @property
+    def model_redis_url(self) -> str:
+        """The Redis of this worker's model group (``redis_groups``), else ``redis_url``: the
+        worker's queues, streams, run records and registry all live there."""
+        return self.model_groups().url_for_names((self.model_name, *self.model_aliases))
+
     def server_sampling_defaults(self) -> SamplingSpec:
         """The operator's defaults as a spec (None where the operator set nothing)."""
         return self.default_sampling.model_copy(
@@ -384,4 +390,9 @@ class WorkerSettings(TokenferrySettings):
 
         if self.heartbeat_interval_s * 2 > WORKER_TTL_S:
             raise ValueError(f"heartbeat_interval_s must be at most {WORKER_TTL_S / 2} s")
+        return self
+
+    @model_validator(mode="after")
+    def _names_in_one_group(self) -> WorkerSettings:
+        _ = self.model_redis_url  # refuses names spread over several groups, at start-up
         return self

@@ -28,6 +28,7 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from shared.redis_groups import RedisGroups, check_redis_groups
 from shared.redis_url import check_redis_url
 
 ENV_PREFIX = "TOKENFERRY_"
@@ -135,6 +136,15 @@ class TokenferrySettings(BaseSettings):
         ),
         json_schema_extra=cli(metavar="URL"),
     )
+    redis_groups: Annotated[dict[str, str], REDIS] = Field(
+        default_factory=dict,
+        description=(
+            "Model name or glob -> Redis URL (a YAML/JSON mapping): the queues, streams and workers of"
+            " the models it matches live there, the rest (keys, tenants, files, batches) on --redis-url."
+            " An exact name beats any glob; among globs the first written wins."
+        ),
+        json_schema_extra=cli(metavar="YAML"),
+    )
     log_level: Annotated[LogLevel, OBSERVABILITY] = Field(
         "INFO", description="DEBUG logs token-level detail."
     )
@@ -158,3 +168,12 @@ class TokenferrySettings(BaseSettings):
     @classmethod
     def _redis_scheme(cls, url: str) -> str:
         return check_redis_url(url)
+
+    @field_validator("redis_groups")
+    @classmethod
+    def _redis_groups(cls, groups: dict[str, str]) -> dict[str, str]:
+        return check_redis_groups(groups)
+
+    def model_groups(self) -> RedisGroups:
+        """Where each model's Redis traffic goes: its group's Redis, or ``redis_url``."""
+        return RedisGroups.of(self.redis_url, self.redis_groups)

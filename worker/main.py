@@ -114,7 +114,7 @@ class _QueueOptions(TypedDict):
 def _queue_options(settings: WorkerSettings) -> _QueueOptions:
     """What both lanes' consumers share: JSON jobs, no results kept, aborts on, our wake-ups."""
     return {
-        "redis_settings": jobqueue.redis_settings(settings.redis_url),
+        "redis_settings": jobqueue.redis_settings(settings.model_redis_url),
         "job_timeout": JOB_TIMEOUT_S,
         "keep_result": 0,
         "allow_abort_jobs": True,

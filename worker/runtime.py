@@ -133,7 +133,7 @@ async def build_runtime(
     port = settings.metrics_port  # bound before the model loads: a busy port fails at once
     metrics_server = None if port is None else metrics.serve(port, settings.metrics_host, probes)
     backend = await asyncio.to_thread(_load_and_warm_up, settings, metrics.grammar_compile_seconds.observe)
-    redis = async_client(settings.redis_url)
+    redis = async_client(settings.model_redis_url)
     writer = EventWriter(redis)
     pool = interactive.pool
     lifecycle = JobLifecycle(pool, writer, backend.tokenizer, _preparer(settings, backend), worker_id)

@@ -1,11 +1,12 @@
 """Owns the gateway's background work: the file, batch and response stores and the runner driving them.
 
-``running(app, settings, pool)`` is entered by the lifespan (``gateway/http/app.py``):
+``running(app, settings, groups)`` is entered by the lifespan (``gateway/http/app.py``):
 it builds the stores, starts this gateway's ``Runner`` as a task it owns, and
 stops it on the way out (the runner gives its leases back, so another gateway
 continues at once). Handlers reach the stores through the ``Annotated`` aliases
 below; they live on ``app.state.background``, beside the gateway state and for
-the same reason (see ``gateway/http/app.py``).
+the same reason (see ``gateway/http/app.py``). The stores and the runner's leases
+live in the home Redis; the jobs they run, in their model's group.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from gateway.batches.batch_end import BatchContext, give_up_batch
 from gateway.batches.files import FileQuota, FileStore
 from gateway.batches.run import run_batch
 from gateway.batches.store import BatchStore
+from gateway.dispatch.groups import GroupPools
 from gateway.responses_api.store import ResponseStore
-from shared.jobs.arq_seam import QueuePool
 from shared.settings import GatewaySettings
 
 
@@ -38,13 +39,15 @@ class Background:
     file_quota: FileQuota
 
 
-def build_background(settings: GatewaySettings, pool: QueuePool) -> tuple[Background, Runner]:
+def build_background(settings: GatewaySettings, groups: GroupPools) -> tuple[Background, Runner]:
     """The stores and the runner of one gateway process."""
+    pool = groups.home
     files = FileStore(pool, settings.result_retention_s)
     batches = BatchStore(pool, settings.result_retention_s)
-    responses = ResponseStore(pool, settings.result_retention_s)
+    responses = ResponseStore(pool, groups, settings.result_retention_s)
     context = BatchContext(
         pool,
+        groups,
         batches,
         files,
         max_inflight=settings.batch_max_inflight,
@@ -59,9 +62,9 @@ def build_background(settings: GatewaySettings, pool: QueuePool) -> tuple[Backgr
 
 
 @contextlib.asynccontextmanager
-async def running(app: FastAPI, settings: GatewaySettings, pool: QueuePool) -> AsyncIterator[Background]:
+async def running(app: FastAPI, settings: GatewaySettings, groups: GroupPools) -> AsyncIterator[Background]:
     """Serve the stores and run the runner while the app runs."""
-    background, runner = build_background(settings, pool)
+    background, runner = build_background(settings, groups)
     app.state.background = background
     task = asyncio.create_task(runner.run())
     try:

@@ -19,6 +19,7 @@ from gateway.batches.files import FileStore
 from gateway.batches.lines import LineRules
 from gateway.batches.schema import TERMINAL_BATCH_STATUSES, BatchError, BatchErrors
 from gateway.batches.store import ACTIVE_KIND, BatchStore
+from gateway.dispatch.groups import GroupPools
 from shared import keys
 from shared.access.ownership import ResourceKind, owner_of
 from shared.jobs import jobqueue
@@ -31,7 +32,8 @@ logger = logging.getLogger(__name__)
 class BatchContext:
     """What every batch driver of one gateway shares."""
 
-    pool: QueuePool
+    pool: QueuePool  # the home Redis: the batch, its files, its lines' progress
+    groups: GroupPools  # its lines' jobs and streams: in their model's group
     store: BatchStore
     files: FileStore
     max_inflight: int
@@ -75,8 +77,10 @@ async def end_with_errors(context: BatchContext, batch_id: str, errors: list[Bat
 async def give_up_batch(context: BatchContext, batch_id: str, failures: int) -> None:
     """The runner's last word on a batch whose driver raised ``failures`` times running: its running
     lines are aborted and it ends (see ``end_with_errors``)."""
+    batch = await context.store.get(batch_id)
+    group_pool = context.groups.for_model(batch.model if batch is not None and batch.model else "")
     for request_id in (await context.store.running_lines(batch_id)).values():
-        await jobqueue.abort(context.pool, request_id)
+        await jobqueue.abort(group_pool, request_id)
     message = (
         f"The batch could not be run: this server failed on it {failures} times in a row. "
         "The lines that finished are in its files."

@@ -44,10 +44,10 @@ from gateway.batches.input_check import InvalidBatchFile, LineIndex
 from gateway.batches.input_file import InputFile, InputFileGone
 from gateway.batches.lines import ParsedLine
 from gateway.batches.schema import TERMINAL_BATCH_STATUSES, Batch, BatchError
+from gateway.dispatch.groups import GroupPools
 from gateway.http.errors import unknown_model
 from shared import keys, registry
 from shared.jobs import jobqueue
-from shared.jobs.arq_seam import QueuePool
 from shared.jobs.streams import EventReader, ended_requests
 from shared.protocol import GenerationJob
 
@@ -80,7 +80,9 @@ class BatchRun:
         self._rules = context.rules(batch.endpoint)
         self._running: dict[int, _Line] = {}
         self._job_ids: dict[int, list[str]] = {}  # line -> its jobs' ids
-        self._reader = EventReader(context.pool)
+        # The lines' jobs and streams are in their model's group; the batch's records stay home.
+        self._group_pool = context.groups.for_model(model or batch.model or "")
+        self._reader = EventReader(self._group_pool)
 
     async def run(self) -> None:
         """Run lines until the batch completes, is cancelled or expires."""
@@ -150,7 +152,7 @@ class BatchRun:
             jobs += self._track(line, request_ids[line], parsed)
             await asyncio.sleep(0)  # a line at a time: interactive requests share this event loop
         if jobs:
-            await jobqueue.enqueue_many(self._context.pool, jobs, keys.Lane.BATCH)
+            await jobqueue.enqueue_many(self._group_pool, jobs, keys.Lane.BATCH)
 
     async def _resume_running(self) -> None:
         """After a takeover: read back the lines recorded as running, and enqueue again those whose
@@ -158,22 +160,20 @@ class BatchRun:
         for line, request_id in (await self._store.running_lines(self._batch.id)).items():
             [outcome] = await self._source.lines(self._index, line, 1, self._rules)
             if not isinstance(outcome, ParsedLine):
-                await jobqueue.abort(self._context.pool, request_id)
+                await jobqueue.abort(self._group_pool, request_id)
                 custom_id = (await self._custom_ids(line, 1))[0]
                 refusal = batch_lines.error_line(custom_id, _line_id(request_id), request_id, outcome)
                 await self._store.finish_line(self._batch.id, line, refusal.model_dump_json(), failed=True)
                 continue
             for job in self._track(line, request_id, outcome):
-                if not await self._context.pool.exists(keys.events(job.request_id)):
-                    await jobqueue.enqueue(self._context.pool, job, lane=keys.Lane.BATCH)
+                if not await self._group_pool.exists(keys.events(job.request_id)):
+                    await jobqueue.enqueue(self._group_pool, job, lane=keys.Lane.BATCH)
 
     async def _collect(self) -> None:
         """Fold every running line whose jobs have all ended into its result line."""
         if not self._running:
             return
-        over = await ended_requests(
-            self._context.pool, [rid for ids in self._job_ids.values() for rid in ids]
-        )
+        over = await ended_requests(self._group_pool, [rid for ids in self._job_ids.values() for rid in ids])
         ended = [line for line, ids in self._job_ids.items() if all(job_id in over for job_id in ids)]
         if ended:
             await self._finish(ended)
@@ -199,7 +199,7 @@ class BatchRun:
         """End early (cancelled or expired): abort what runs, write what finished, then the files."""
         for job_ids in self._job_ids.values():
             for job_id in job_ids:
-                await jobqueue.abort(self._context.pool, job_id)
+                await jobqueue.abort(self._group_pool, job_id)
         if status == "expired":
             await self._expire_rest()
         fields = await write_files(self._context, self._batch.id)
@@ -266,19 +266,19 @@ async def _input_index(
     if checked is None:
         return LineIndex(), None  # cancelled while validating: nothing to run, the run ends it cancelled
     index, requested = checked
-    model = await _require_known_model(context.pool, requested)
+    model = await _require_known_model(context.groups, requested)
     fields: dict[str, str | int] = {"total": len(index), "model": model}
     if await context.store.transition(batch.id, "in_progress", ("validating",), **fields):
         logger.info("batch %s in progress: %d lines", batch.id, len(index))
     return index, model  # whatever the status is now, the run acts on it (a cancel ends it cancelled)
 
 
-async def _require_known_model(pool: QueuePool, model: str) -> str:
+async def _require_known_model(groups: GroupPools, model: str) -> str:
     """The canonical model ``model`` names (the batch records it, as OpenAI records the snapshot an
     alias meant); ``model`` itself when no worker is live to say (a batch waits for one)."""
-    availability, info = await registry.model_availability(pool, model)
+    availability, info = await registry.model_availability(groups.for_model(model), model)
     if availability is registry.ModelAvailability.UNKNOWN:
-        message = unknown_model(model, registry.served_names(await registry.live_workers(pool))).message
+        message = unknown_model(model, registry.served_names(await groups.live_workers())).message
         raise InvalidBatchFile(
             [BatchError(code="model_not_found", message=message, param="body.model", line=1)]
         )

@@ -7,6 +7,8 @@ error, so the client gets a plain HTTP 4xx before any SSE byte exists. After
 acceptance the caller either collects the events into one object or relays them.
 Every stream is read through the gateway's few shared stream readers
 (``shared/jobs/stream_mux.py``), so an open stream holds no Redis connection of its own.
+A job's queue, stream and abort are in its model group's Redis (``gateway/dispatch/groups.py``):
+each group has its own readers, and every call here names the model it is about.
 
 Whenever we stop listening before the job's terminal event (the client went
 away, the deadline passed, Redis failed, a bug), the job is aborted, so its batch
@@ -28,10 +30,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 from starlette.types import Receive
 
+from gateway.dispatch.groups import GroupPools
 from gateway.http.errors import unknown_model
 from gateway.http.shutdown import server_is_stopping
 from gateway.ops.metrics import note_event, note_model
@@ -76,22 +78,37 @@ class Acceptance:
     enqueued_at: float
 
 
+@dataclass(frozen=True, slots=True)
+class _GroupLink:
+    """One model group's Redis as the dispatcher uses it."""
+
+    pool: QueuePool
+    reader: EventReader
+    streams: StreamMux
+
+
 class Dispatcher:
     """Runs jobs for request handlers; one per gateway process, built by the lifespan."""
 
     def __init__(
-        self, pool: QueuePool, timeout_s: float, max_queued: int = 256, *, stream_readers: int = 4
+        self, pools: GroupPools, timeout_s: float, max_queued: int = 256, *, stream_readers: int = 4
     ) -> None:
-        self._pool = pool
+        self._pools = pools
         self._timeout_s = timeout_s
         self._max_queued = max_queued
-        self._reader = EventReader(pool)
-        # Every relayed stream is read through these few connections, none held per request.
-        self._streams = StreamMux(pool, readers=stream_readers)
+        # Every relayed stream is read through a few connections per group, none held per request.
+        self._links = {
+            url: _GroupLink(pool, EventReader(pool), StreamMux(pool, readers=stream_readers))
+            for url, pool in pools.by_url().items()
+        }
 
     async def aclose(self) -> None:
         """Stop relaying (the lifespan's end: no request is left to read a stream)."""
-        await self._streams.aclose()
+        for link in self._links.values():
+            await link.streams.aclose()
+
+    def _link(self, model: str) -> _GroupLink:
+        return self._links[self._pools.url_for(model)]
 
     async def start(self, job: GenerationJob, receive: Receive) -> Acceptance:
         """Submit ``job`` (for streaming), aborting it if the client leaves while it waits."""
@@ -111,24 +128,27 @@ class Dispatcher:
 
     async def relay(self, acceptance: Acceptance) -> AsyncGenerator[StreamEvent, None]:
         """The events after Accepted through Finished; Failed is raised; leaving early aborts."""
-        request_id, after_id = acceptance.job.request_id, acceptance.accepted.entry_id
-        follow = self._follow(request_id, after_id, acceptance.deadline, acceptance.enqueued_at)
+        job, after_id = acceptance.job, acceptance.accepted.entry_id
+        follow = self._follow(
+            job.request_id, job.model, after_id, acceptance.deadline, acceptance.enqueued_at
+        )
         async with aclosing(follow) as events:
             async for item in events:
                 yield item
 
-    async def follow(self, request_id: str, after_id: str) -> AsyncGenerator[StreamEvent, None]:
+    async def follow(self, request_id: str, model: str, after_id: str) -> AsyncGenerator[StreamEvent, None]:
         """A running request's events after ``after_id`` (a resumed SSE stream); leaving early aborts."""
         now = time.monotonic()
-        async with aclosing(self._follow(request_id, after_id, now + self._timeout_s, now)) as events:
+        follow = self._follow(request_id, model, after_id, now + self._timeout_s, now)
+        async with aclosing(follow) as events:
             async for item in events:
                 yield item
 
-    async def watch(self, request_id: str) -> AsyncGenerator[StreamEvent, None]:
+    async def watch(self, request_id: str, model: str) -> AsyncGenerator[StreamEvent, None]:
         """Every event of a job this request does not own (a background one: a runner does), Failed
         raised; leaving early leaves the job running."""
         deadline = time.monotonic() + self._timeout_s
-        async with aclosing(self._streams.read(request_id, deadline=deadline)) as events:
+        async with aclosing(self._link(model).streams.read(request_id, deadline=deadline)) as events:
             async for item in events:
                 if isinstance(item.event, Failed):
                     raise error_from_info(item.event.error)
@@ -139,15 +159,15 @@ class Dispatcher:
         past it is answered (504), not started. Every job gets one, background ones included."""
         return job.model_copy(update={"deadline_at": time.time() + self._timeout_s})
 
-    async def history(self, request_id: str) -> list[StreamEvent]:
-        return await self._reader.history(request_id)
+    async def history(self, request_id: str, model: str) -> list[StreamEvent]:
+        return await self._link(model).reader.history(request_id)
 
     async def _follow(
-        self, request_id: str, after_id: str, deadline: float, started_at: float
+        self, request_id: str, model: str, after_id: str, deadline: float, started_at: float
     ) -> AsyncGenerator[StreamEvent, None]:
         is_over = False
         try:
-            reads = self._streams.read(request_id, deadline=deadline, after_id=after_id)
+            reads = self._link(model).streams.read(request_id, deadline=deadline, after_id=after_id)
             async with aclosing(reads) as events:
                 async for item in events:
                     is_over = item.event.type in TERMINAL_EVENT_TYPES
@@ -161,15 +181,15 @@ class Dispatcher:
                 # Our drain ran out, not the client: it may resume elsewhere with Last-Event-ID.
                 logger.info("left running for a resume on another gateway")
             else:
-                await self.abort(request_id, reason=type(exc).__name__)
+                await self.abort(request_id, model=model, reason=type(exc).__name__)
             raise
 
-    async def abort(self, request_id: str, *, reason: str) -> None:
-        """Ask the worker to drop ``request_id``; completes even while the caller is cancelled."""
+    async def abort(self, request_id: str, *, model: str, reason: str) -> None:
+        """Ask ``model``'s worker to drop ``request_id``; completes even while the caller is cancelled."""
         logger.info("aborted (%s)", reason)
         with anyio.move_on_after(ABORT_TIMEOUT_S, shield=True):
             try:
-                await asyncio.shield(jobqueue.abort(self._pool, request_id))
+                await asyncio.shield(jobqueue.abort(self._pools.for_model(model), request_id))
             except RedisError as error:
                 logger.warning("abort not delivered: %s", error)
 
@@ -181,7 +201,7 @@ class Dispatcher:
         return events
 
     async def _submit(self, job: GenerationJob) -> Acceptance:
-        job = job.model_copy(update={"model": await require_live(self._pool, job.model, job.sampling)})
+        job = job.model_copy(update={"model": await require_live(self._pools, job.model, job.sampling)})
         note_model(job.model)
         enqueued_at = time.monotonic()
         deadline = enqueued_at + self._timeout_s
@@ -191,7 +211,7 @@ class Dispatcher:
             _log_failed(first.event)
             raise error_from_info(first.event.error)
         if not isinstance(first.event, Accepted):
-            await self.abort(job.request_id, reason="protocol violation")
+            await self.abort(job.request_id, model=job.model, reason="protocol violation")
             raise WorkerFailed(f"the worker's first event was {first.event.type!r}, not 'accepted'")
         logger.info(
             "accepted worker=%s prompt_tokens=%d after %.3fs",
@@ -209,9 +229,10 @@ class Dispatcher:
         """
         if ahead >= self._max_queued:
             # Withdrawn unclaimed, the job leaves nothing behind; only a claimed one needs an abort.
-            if not await jobqueue.withdraw(self._pool, job.model, job.request_id, keys.Lane(job.lane)):
-                await self.abort(job.request_id, reason="queue full")
-                await jobqueue.forget(self._pool, job.model, job.request_id)
+            pool = self._pools.for_model(job.model)
+            if not await jobqueue.withdraw(pool, job.model, job.request_id, keys.Lane(job.lane)):
+                await self.abort(job.request_id, model=job.model, reason="queue full")
+                await jobqueue.forget(pool, job.model, job.request_id)
             raise Overloaded(
                 f"The model `{job.model}` has {ahead} requests waiting already; retry shortly.",
                 retry_after_s=1,
@@ -220,31 +241,35 @@ class Dispatcher:
     async def _enqueue_and_wait(self, job: GenerationJob, deadline: float) -> StreamEvent:
         """Enqueue ``job`` and return its first event; any failure on the way aborts it."""
         try:
-            ahead = await jobqueue.enqueue(self._pool, job)
+            link = self._link(job.model)
+            ahead = await jobqueue.enqueue(link.pool, job)
             logger.info("enqueued model=%s behind %d", job.model, ahead)
             await self._refuse_when_overloaded(job, ahead)
-            async with aclosing(self._streams.read(job.request_id, deadline=deadline)) as events:
+            async with aclosing(link.streams.read(job.request_id, deadline=deadline)) as events:
                 async for item in events:
                     return item
         except BaseException as exc:  # cancellation included: the job may be queued already
-            await self.abort(job.request_id, reason=f"{type(exc).__name__} before acceptance")
+            await self.abort(
+                job.request_id, model=job.model, reason=f"{type(exc).__name__} before acceptance"
+            )
             raise
         raise WorkerFailed("the event stream ended before its first event")
 
 
-async def require_live(redis: Redis, model: str, sampling: SamplingSpec | None = None) -> str:
+async def require_live(pools: GroupPools, model: str, sampling: SamplingSpec | None = None) -> str:
     """The canonical model ``model`` names (itself, or the model it is an alias of), to enqueue on.
 
-    404 for a name nobody ever served, 503 for one whose workers are all gone right now, 400
-    for ``sampling`` asking what the workers' engine cannot honour (``shared/engines.py``).
+    404 for a name nobody ever served, 503 for one whose workers are all gone right now; the
+    model's group says both (its workers register there), the 404 lists every group's names.
+    400 for ``sampling`` asking what the workers' engine cannot honour (``shared/engines.py``).
     """
-    availability, info = await registry.model_availability(redis, model)
+    availability, info = await registry.model_availability(pools.for_model(model), model)
     if info is not None:
         if sampling is not None:
             engines.refuse(sampling.model_dump(), info.refuses, info.engine, info.model)
         return info.model
     if availability is registry.ModelAvailability.UNKNOWN:
-        raise unknown_model(model, registry.served_names(await registry.live_workers(redis)))
+        raise unknown_model(model, registry.served_names(await pools.live_workers()))
     raise NoLiveWorker(f"No worker is serving the model `{model}` right now; retry shortly.", param="model")
 
 

@@ -49,7 +49,9 @@ async def submit_all(dispatcher: Dispatcher, jobs: Sequence[GenerationJob]) -> l
     except BaseException:
         for task, job in zip(tasks, jobs, strict=True):
             if task.done() and not task.cancelled() and task.exception() is None:
-                await dispatcher.abort(job.request_id, reason="another prompt of the request failed")
+                await dispatcher.abort(
+                    job.request_id, model=job.model, reason="another prompt of the request failed"
+                )
         raise
 
 

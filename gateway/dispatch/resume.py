@@ -9,6 +9,9 @@ That gateway needs to render the same chunks the first one did, so each stream's
 when the stream starts. The renderer is rebuilt by feeding it the events the
 client already has (its chunk state, such as which choices have ended, then
 matches), and the stream goes on after the given id: nothing lost, nothing twice.
+The view is kept in the home Redis (it is the tenant's: its owner is checked), and it
+names the model, whose group's Redis holds the stream itself (``gateway/dispatch/groups.py``):
+so any gateway finds a request's group from its id alone.
 ``Resumer`` does that for the route (``gateway/dispatch/routes.py``).
 """
 
@@ -42,6 +45,11 @@ class StreamView(BaseModel):
     kind: StreamKind
     meta: dict[str, Any]
     tenant: str
+
+    @property
+    def model(self) -> str:
+        """The model the stream's request named: its group's Redis holds the stream."""
+        return str(self.meta["model"])
 
     def renderer(self) -> Callable[[TokenEvent], Sequence[BaseModel]]:
         meta = ResponseMeta(**self.meta)
@@ -100,14 +108,15 @@ class Resumer:
     async def _stream(
         self, request_id: str, view: StreamView, last_event_id: str | None, on_close: sse.OnClose
     ) -> EventSourceResponse:
-        seen, follow_from = split_history(await self._dispatcher.history(request_id), last_event_id)
+        history = await self._dispatcher.history(request_id, view.model)
+        seen, follow_from = split_history(history, last_event_id)
         render = view.renderer()
         for item in seen:
             render(item.event)  # rebuild the chunk state the client's copy of the stream has
         if any(item.event.type in TERMINAL_EVENT_TYPES for item in seen):
             rest = _nothing()  # the client has the whole stream but [DONE]
         else:
-            rest = self._dispatcher.follow(request_id, follow_from)
+            rest = self._dispatcher.follow(request_id, view.model, follow_from)
         return sse.event_stream(None, rest, render, drain_grace_s=self._drain_grace_s, on_close=on_close)
 
 

@@ -2,6 +2,8 @@
 
 Nothing is built at import time. The lifespan opens the arq pool (also our Redis
 client) and yields a typed state that ``gateway/http/deps.py`` hands to handlers.
+With ``--redis-groups`` it opens one more pool per model group's Redis, alike
+(``gateway/dispatch/groups.py``).
 
 Intentional divergence: the lifespan also keeps that state on ``app.state`` (this
 app's own object, not a module global), and handlers read it there. Yielded
@@ -16,7 +18,7 @@ Importing this module pulls in no torch, transformers or worker code.
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI
@@ -31,6 +33,7 @@ from gateway.background import work
 from gateway.batches import routes as batches
 from gateway.dispatch import routes as streams
 from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.groups import GroupPools
 from gateway.http.auth_gate import AuthGate
 from gateway.http.deps import GatewayState, LifespanState, guard_request
 from gateway.http.errors import install_error_handlers
@@ -127,19 +130,15 @@ def _paths(router: APIRouter) -> set[str]:
 def _lifespan(settings: GatewaySettings) -> Callable[[FastAPI], AbstractAsyncContextManager[LifespanState]]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[LifespanState]:
-        pool = await jobqueue.open_pool(
-            settings.redis_url,
-            connect_timeout_s=settings.redis_timeout_s,
-            max_connections=settings.redis_max_connections,
-            wait_s=settings.redis_timeout_s,
-        )
+        groups = await _open_pools(settings)
+        pool = groups.home
         dispatcher = Dispatcher(
-            pool,
+            groups,
             settings.request_timeout_s,
             settings.max_queued_requests,
             stream_readers=settings.stream_readers,
         )
-        state = build_state(settings, pool, dispatcher)
+        state = build_state(settings, groups, dispatcher)
         logger.info(
             "gateway ready: auth=%s timeout=%.0fs",
             "on" if await state.authenticator.is_enabled() else "off (no keys configured)",
@@ -147,25 +146,47 @@ def _lifespan(settings: GatewaySettings) -> Callable[[FastAPI], AbstractAsyncCon
         )
         app.state.gateway = state
         try:
-            async with work.running(app, settings, pool):
+            async with work.running(app, settings, groups):
                 yield {"gateway": state}
         finally:
             del app.state.gateway
             await app.state.metrics.release_queue_depths(pool)
             await dispatcher.aclose()
+            await groups.aclose()
             await pool.aclose()
             logger.info("gateway stopped")
 
     return lifespan
 
 
-def build_state(settings: GatewaySettings, pool: QueuePool, dispatcher: Dispatcher) -> GatewayState:
-    """The handlers' state around an open pool (the lifespan's; tests build it around a fake)."""
+async def _open_pools(settings: GatewaySettings) -> GroupPools:
+    """The home Redis's pool, and one alike for each model group's Redis (all or none)."""
+
+    def open_pool(url: str) -> Awaitable[QueuePool]:
+        return jobqueue.open_pool(
+            url,
+            connect_timeout_s=settings.redis_timeout_s,
+            max_connections=settings.redis_max_connections,
+            wait_s=settings.redis_timeout_s,
+        )
+
+    home = await open_pool(settings.redis_url)
+    try:
+        return await GroupPools.open(settings.model_groups(), home, open_pool)
+    except BaseException:
+        await home.aclose()
+        raise
+
+
+def build_state(settings: GatewaySettings, groups: GroupPools, dispatcher: Dispatcher) -> GatewayState:
+    """The handlers' state around open pools (the lifespan's; tests build it around a fake)."""
+    pool = groups.home
     limits = Limits(rpm=settings.rate_limit_rpm, tpm=settings.rate_limit_tpm)
     keys = static_keys(settings.api_keys, settings.admin_api_keys)
     return GatewayState(
         pool=pool,
         dispatcher=dispatcher,
+        groups=groups,
         authenticator=Authenticator(pool, keys, limits, settings.auth_cache_s),
         rate_limits=RateLimits(TokenBuckets(pool)),
         # Every relay ends by the request timeout; a drain and a slow reader may add their own.

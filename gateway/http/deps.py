@@ -22,6 +22,7 @@ from gateway.access.auth import Authenticator, Principal
 from gateway.access.rate_limits import RateLimits
 from gateway.access.stream_slots import StreamSlots
 from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.groups import GroupPools
 from gateway.http.auth_gate import principal_of
 from gateway.http.request_ids import request_id_of
 from gateway.http.unicode_text import check_unicode_text
@@ -33,8 +34,9 @@ from shared.jobs.arq_seam import QueuePool
 class GatewayState:
     """Everything the lifespan opened for the handlers of one gateway process."""
 
-    pool: QueuePool
+    pool: QueuePool  # the home Redis: tenants' records (``groups.home``)
     dispatcher: Dispatcher
+    groups: GroupPools  # a model's Redis: its queue, streams and workers
     authenticator: Authenticator
     rate_limits: RateLimits
     streams: StreamSlots  # the per-tenant cap on open streams

@@ -27,7 +27,6 @@ from gateway.http import sse
 from gateway.http.deps import GatewayState, PrincipalDep, RequestIdDep, get_state
 from gateway.http.errors import unknown_model
 from gateway.openai import objects, render, schema, translate
-from shared import registry
 from shared.jobs.streams import StreamEvent
 from shared.protocol import GenerationJob
 
@@ -110,7 +109,7 @@ class ModelCatalog:
 
     async def models(self) -> objects.ModelList:
         """Every model at least one live worker serves, once each."""
-        return translate.model_list(await registry.live_workers(self.state.pool))
+        return translate.model_list(await self.state.groups.live_workers())
 
     async def model(self, model_id: str) -> objects.ModelCard:
         """One live model; 404 model_not_found when no live worker serves it."""

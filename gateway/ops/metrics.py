@@ -30,6 +30,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
@@ -106,11 +107,12 @@ class GatewayMetrics:
             name, documentation, ["model"], namespace=NAMESPACE, registry=self.registry, buckets=buckets
         )
 
-    async def refresh_queue_depths(self, redis: Redis) -> None:
-        """Re-read every queue's depth if this gateway exports it; on a slow or failed read, drop it."""
+    async def refresh_queue_depths(self, redis: Redis, group_redis: Sequence[Redis] = ()) -> None:
+        """Re-read every queue's depth (in ``group_redis``: the model groups') if this gateway
+        exports it; on a slow or failed read, drop it."""
         try:
             async with asyncio.timeout(QUEUE_READ_TIMEOUT_S):
-                await self.queue_depths.refresh(redis)
+                await self.queue_depths.refresh(redis, group_redis)
         except (TimeoutError, RedisError) as error:
             logger.warning("queue depths unavailable for /metrics: %r", error)
             self.queue_depths.clear()

@@ -15,9 +15,9 @@ from fastapi import Depends, Request
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.http.deps import PoolDep
+from gateway.dispatch.groups import GroupPools
+from gateway.http.deps import get_state
 from gateway.ops.metrics import GatewayMetrics
-from shared import registry
 from shared.errors import NoLiveWorker, Unavailable
 from shared.registry import WorkerInfo
 
@@ -28,8 +28,9 @@ READY_TIMEOUT_S = 1.0
 class Probes:
     """The Redis reads behind /ready and /metrics; built per request."""
 
-    def __init__(self, redis: Redis, metrics: GatewayMetrics) -> None:
-        self._redis = redis
+    def __init__(self, groups: GroupPools, metrics: GatewayMetrics) -> None:
+        self._groups = groups
+        self._redis: Redis = groups.home
         self._metrics = metrics
 
     async def live_workers(self) -> list[WorkerInfo]:
@@ -37,7 +38,7 @@ class Probes:
         try:
             async with asyncio.timeout(READY_TIMEOUT_S):
                 await self._redis.ping()
-                workers = await registry.live_workers(self._redis)
+                workers = await self._groups.live_workers()  # every model group's
         except (RedisError, OSError, TimeoutError) as exc:
             raise Unavailable(f"Not ready: Redis is unreachable ({type(exc).__name__}).") from exc
         if not workers:
@@ -46,7 +47,7 @@ class Probes:
 
     async def scrape(self) -> bytes:
         """Every gateway metric in Prometheus' text format, with queue depths read from Redis now."""
-        await self._metrics.refresh_queue_depths(self._redis)
+        await self._metrics.refresh_queue_depths(self._redis, list(self._groups.by_url().values()))
         return self._metrics.exposition()
 
 
@@ -57,8 +58,8 @@ def get_metrics(request: Request) -> GatewayMetrics:
     return metrics
 
 
-async def get_probes(request: Request, pool: PoolDep) -> Probes:
-    return Probes(pool, get_metrics(request))
+async def get_probes(request: Request) -> Probes:
+    return Probes(get_state(request).groups, get_metrics(request))
 
 
 ProbesDep = Annotated[Probes, Depends(get_probes)]

@@ -13,13 +13,15 @@ The lease outlives a scrape interval (``QUEUE_DEPTH_LEASE_S``, above Prometheus'
 holder dies, its lease lapses and the next gateway scraped takes it over; until
 then no gateway exports the gauge (a gap of at most the lease, never a double).
 A gateway that stops cleanly gives its lease back (``release``), so the next one
-scraped takes over at once.
+scraped takes over at once. The lease is in the home Redis; with model groups the
+depths are read from every group's Redis (``group_redis``).
 """
 
 from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Gauge
 from redis.asyncio import Redis
@@ -60,11 +62,14 @@ class QueueDepthExport:
         )
         self.token = secrets.token_hex(8)
 
-    async def refresh(self, redis: Redis) -> None:
-        """Take or renew the lease and read every queue's depth; without the lease, export none."""
+    async def refresh(self, redis: Redis, group_redis: Sequence[Redis] = ()) -> None:
+        """Take or renew the lease and read every queue's depth (in ``group_redis``, default
+        ``redis``); without the lease, export none."""
         hold = redis.register_script(_HOLD)  # EVALSHA: the script's text is not sent per scrape
         held = await hold([keys.queue_depth_lease()], [self.token, QUEUE_DEPTH_LEASE_S * 1000])
-        depths = await cluster.queue_depths(redis, await cluster.served_models(redis)) if held else []
+        depths = []
+        for holder in (group_redis or [redis]) if held else []:
+            depths += await cluster.queue_depths(holder, await cluster.served_models(holder))
         self.gauge.clear()  # models no longer served, or a lease lost, must not linger
         for depth in depths:
             self.gauge.labels(depth.model, depth.lane.value).set(depth.jobs)

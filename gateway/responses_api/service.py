@@ -111,7 +111,8 @@ class ResponseService:
         request_id = await self.store.request_id(response_id)
         if request_id is None:
             raise _missing(response_id)
-        if response.status in TERMINAL_RESPONSE_STATUSES and not await self.store.has_events(request_id):
+        is_gone = not await self.store.has_events(request_id, response.model)
+        if response.status in TERMINAL_RESPONSE_STATUSES and is_gone:
             raise InvalidRequest(
                 "This response's events are no longer kept; retrieve it without `stream`.", param="stream"
             )
@@ -119,7 +120,8 @@ class ResponseService:
         replay = ResponseStream(translate.as_created(response), request_id, time.time(), after)
 
         async def replayed(on_close: sse.OnClose) -> EventSourceResponse:
-            return self._stream(None, self.state.dispatcher.watch(request_id), replay, on_close)
+            watched = self.state.dispatcher.watch(request_id, response.model)
+            return self._stream(None, watched, replay, on_close)
 
         return await self._open_stream(replayed)
 
@@ -130,7 +132,7 @@ class ResponseService:
         if response is None or request_id is None:
             raise _missing(response_id)
         if response.status == "cancelled":
-            await jobqueue.abort(self.state.pool, request_id)
+            await jobqueue.abort(self.state.groups.for_model(response.model), request_id)
         return response
 
     async def _start_background(
@@ -140,7 +142,9 @@ class ResponseService:
         pending: Response,
         conversation: list[ChatMessage],
     ) -> Response | EventSourceResponse:
-        job = job.model_copy(update={"model": await require_live(self.state.pool, body.model, job.sampling)})
+        job = job.model_copy(
+            update={"model": await require_live(self.state.groups, body.model, job.sampling)}
+        )
         if not body.stream:
             await self._enqueue_background(job, pending, conversation)
             return pending
@@ -149,7 +153,8 @@ class ResponseService:
             # Streamed as it runs; a client leaving does not cancel it (cancel does), and it can be polled.
             await self._enqueue_background(job, pending, conversation)
             events = ResponseStream(pending, self.request_id, time.time())
-            return self._stream(None, self.state.dispatcher.watch(self.request_id), events, on_close)
+            watched = self.state.dispatcher.watch(self.request_id, job.model)
+            return self._stream(None, watched, events, on_close)
 
         return await self._open_stream(stream)
 
@@ -158,7 +163,8 @@ class ResponseService:
     ) -> None:
         """Store and enqueue a background response; its job gets a deadline like every job."""
         await self.store.create(self.tenant, pending, self.request_id, conversation)
-        await jobqueue.enqueue(self.state.pool, self.state.dispatcher.with_deadline(job))
+        group_pool = self.state.groups.for_model(job.model)
+        await jobqueue.enqueue(group_pool, self.state.dispatcher.with_deadline(job))
 
     async def _open_stream(
         self, build: Callable[[sse.OnClose], Awaitable[EventSourceResponse]]

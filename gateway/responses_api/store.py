@@ -15,6 +15,9 @@ keeps the conversation the response answered (without its ``instructions``, whic
 OpenAI does not carry over); ``history`` is that conversation followed by the
 response's output, for a request naming it as ``previous_response_id``. Its owner is
 recorded like every resource's, and another tenant's id is as unknown as a made-up one.
+
+Records live in the home Redis; a response's job and event stream are in its model's
+group (``gateway/dispatch/groups.py``), found by the model the record names.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pydantic import TypeAdapter
 from redis.asyncio import Redis
 
 from gateway.background.status_cas import StatusCas
+from gateway.dispatch.groups import GroupPools
 from gateway.responses_api.conversation import chat_messages
 from gateway.responses_api.objects import CONTINUABLE_STATUSES, TERMINAL_RESPONSE_STATUSES, Response
 from gateway.responses_api.render import finished_response
@@ -46,12 +50,12 @@ _MESSAGES = TypeAdapter(list[ChatMessage])
 class ResponseStore:
     """Stored responses of all tenants; one per gateway process."""
 
-    def __init__(self, redis: Redis, retention_s: int, tick_s: float = 0.2) -> None:
+    def __init__(self, redis: Redis, groups: GroupPools, retention_s: int, tick_s: float = 0.2) -> None:
         self._redis = redis
+        self._groups = groups
         self._retention_s = retention_s
         self._tick_s = tick_s
         self._status = StatusCas(redis)
-        self._reader = EventReader(redis)
 
     async def create(
         self, tenant: str, response: Response, request_id: str, conversation: list[ChatMessage]
@@ -123,9 +127,11 @@ class ResponseStore:
         """Watch the job's stream until it ends and store the finished response (the runner's driver)."""
         request_id = await self._redis.hget(keys.response(response_id), "request_id")  # type: ignore[misc]
         while (current := await self.get(response_id)) is not None and current.status in _OPEN:
-            last = await self._redis.xrevrange(keys.events(_text(request_id)), count=1)
+            events_redis = self._groups.for_model(current.model)
+            last = await events_redis.xrevrange(keys.events(_text(request_id)), count=1)
             if last and decode_event(last[0][1]).type in TERMINAL_EVENT_TYPES:
-                events = [item.event for item in await self._reader.history(_text(request_id))]
+                history = await EventReader(events_redis).history(_text(request_id))
+                events = [item.event for item in history]
                 await self._settle(
                     response_id,
                     finished_response(current, events, _text(request_id), time.time()),
@@ -151,9 +157,9 @@ class ResponseStore:
         raw = await self._redis.hget(keys.response(response_id), "request_id")  # type: ignore[misc]
         return None if raw is None else _text(raw)
 
-    async def has_events(self, request_id: str) -> bool:
+    async def has_events(self, request_id: str, model: str) -> bool:
         """Whether the job's event stream is still kept (it expires after its end)."""
-        return bool(await self._redis.exists(keys.events(request_id)))
+        return bool(await self._groups.for_model(model).exists(keys.events(request_id)))
 
 
 def _record(response: Response) -> dict[str, str]:

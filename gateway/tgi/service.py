@@ -59,7 +59,7 @@ class TgiService:
 
     async def info(self, model: str | None) -> Info:
         """The served model and its limits, as TGI describes itself."""
-        workers = await registry.live_workers(self.state.pool)
+        workers = await self.state.groups.live_workers()
         name = resolve_model(model, workers)
         found = registry.serving(name, workers)
         if found is None:
@@ -68,7 +68,7 @@ class TgiService:
         return translate.info(name, serving, __version__)
 
     async def _charged_job(self, body: GenerateRequest, *, stream: bool) -> GenerationJob:
-        model = resolve_model(body.model, await registry.live_workers(self.state.pool))
+        model = resolve_model(body.model, await self.state.groups.live_workers())
         # On a thread: checking a large grammar would stall every stream of this gateway.
         job = await asyncio.to_thread(
             functools.partial(translate.generate_job, stream=stream),

@@ -28,7 +28,7 @@ class WorkerTokenizer:
     """Tokenizes and detokenizes with a model's workers; built per request from the gateway state."""
 
     def __init__(self, state: GatewayState, reply_timeout_s: float = REPLY_TIMEOUT_S) -> None:
-        self._pool = state.pool
+        self._groups = state.groups
         self._reply_timeout_s = reply_timeout_s
 
     async def tokenize(self, body: TokenizeRequest, request_id: str) -> TokenizeResponse:
@@ -44,9 +44,10 @@ class WorkerTokenizer:
         return DetokenizeResponse(prompt=answer.text)
 
     async def _ask(self, job: TokenizeJob) -> Tokenized:
-        job = job.model_copy(update={"model": await require_live(self._pool, job.model)})
-        await jobqueue.enqueue_tokenize(self._pool, job)
-        reply = await replies.await_reply(self._pool, job.request_id, self._reply_timeout_s)
+        job = job.model_copy(update={"model": await require_live(self._groups, job.model)})
+        pool = self._groups.for_model(job.model)  # the worker answers in its group's Redis
+        await jobqueue.enqueue_tokenize(pool, job)
+        reply = await replies.await_reply(pool, job.request_id, self._reply_timeout_s)
         if isinstance(reply, Failed):
             raise error_from_info(reply.error)
         return reply

@@ -10,6 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from gateway.dispatch.dispatcher import require_live
+from gateway.dispatch.groups import GroupPools
 from shared import engines, registry
 from shared.errors import InvalidRequest
 from shared.protocol import JsonConstraint, RegexConstraint, SamplingSpec
@@ -43,7 +44,7 @@ async def test_the_gateway_refuses_what_the_vllm_engine_cannot_honour_naming_bot
 ) -> None:
     await registry.heartbeat(redis, _info("w1", "vllm"))
     with pytest.raises(InvalidRequest) as refused:
-        await require_live(redis, "m", SamplingSpec.model_validate({name: value}))
+        await require_live(GroupPools.single(redis), "m", SamplingSpec.model_validate({name: value}))
     assert refused.value.param == name
     assert "vllm engine" in str(refused.value) and "`m`" in str(refused.value)
 
@@ -51,15 +52,20 @@ async def test_the_gateway_refuses_what_the_vllm_engine_cannot_honour_naming_bot
 async def test_neutral_values_and_other_engines_pass(redis: Redis) -> None:
     await registry.heartbeat(redis, _info("w1", "vllm"))
     await registry.heartbeat(redis, _info("w2", "transformers", model="hf"))
-    assert await require_live(redis, "m", SamplingSpec(num_beams=1, typical_p=1.0, temperature=0.5)) == "m"
-    assert await require_live(redis, "hf", SamplingSpec(num_beams=4)) == "hf"
+    assert (
+        await require_live(
+            GroupPools.single(redis), "m", SamplingSpec(num_beams=1, typical_p=1.0, temperature=0.5)
+        )
+        == "m"
+    )
+    assert await require_live(GroupPools.single(redis), "hf", SamplingSpec(num_beams=4)) == "hf"
 
 
 async def test_a_pool_mixing_engines_refuses_what_either_cannot(redis: Redis) -> None:
     await registry.heartbeat(redis, _info("w1", "transformers"))
     await registry.heartbeat(redis, _info("w2", "vllm"))
     with pytest.raises(InvalidRequest):
-        await require_live(redis, "m", SamplingSpec(num_beams=2))
+        await require_live(GroupPools.single(redis), "m", SamplingSpec(num_beams=2))
 
 
 def test_the_worker_refuses_a_server_default_its_engine_cannot_honour() -> None:

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from gateway.dispatch.dispatcher import Dispatcher
+from gateway.dispatch.groups import GroupPools
 from gateway.http.app import build_state, create_app
 from gateway.http.errors import error_response, to_domain_error, unknown_model
 from shared.errors import ContextLengthExceeded, Overloaded, TokenferryError, error_from_info
@@ -32,8 +33,8 @@ def error(
 def build_app(**settings: Any) -> FastAPI:
     """The real app with a stand-in state: these requests fail before anything touches Redis."""
     app = create_app(GatewaySettings(**settings))
-    pool = cast(ArqRedis, fakeredis.FakeAsyncRedis())
-    app.state.gateway = build_state(GatewaySettings(**settings), pool, Dispatcher(pool, timeout_s=1.0))
+    groups = GroupPools.single(cast(ArqRedis, fakeredis.FakeAsyncRedis()))
+    app.state.gateway = build_state(GatewaySettings(**settings), groups, Dispatcher(groups, timeout_s=1.0))
     return app
 
 
