@@ -139,4 +139,4 @@ lint: $(TEST_STAMP)
 	$(BIN)/mypy --strict deploy/cluster
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .mypy_cache .ruff_cache *.egg-info
