@@ -155,8 +155,25 @@ class Cluster:
 
 def start_load(plan: dict[str, Any]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "bench.scale.load", json.dumps(plan)], stdout=subprocess.PIPE
+        [sys.executable, "-m", "bench.scale.load", json.dumps(plan)],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
     )
+
+
+def ramped(process: subprocess.Popen[bytes]) -> int:
+    """Wait for a load process's word that its streams stream; how many do."""
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    if not line:
+        raise RuntimeError("a load process exited during its ramp")
+    return int(json.loads(line)["streaming"])
+
+
+def begin_window(process: subprocess.Popen[bytes], start: float) -> None:
+    assert process.stdin is not None
+    process.stdin.write(f"{start!r}\n".encode())
+    process.stdin.flush()
 
 
 def finish_load(process: subprocess.Popen[bytes]) -> dict[str, Any]:

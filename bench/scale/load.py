@@ -46,9 +46,10 @@ class LoadPlan:
     mode: str  # "hold" or "loop"
     streams: int
     max_tokens: int
-    window_start: float  # time.time()
     window_s: float
+    window_start: float = 0.0  # time.time(); 0: told on stdin once every stream streams
     open_per_s: float = 400.0  # how fast new streams are opened at first
+    ramp_timeout_s: float = 60.0  # the most to wait for every stream's first token
 
 
 @dataclass
@@ -67,7 +68,8 @@ class _Load:
     def __init__(self, plan: LoadPlan) -> None:
         self.plan = plan
         self.result = LoadResult(streams=plan.streams)
-        self.window_end = plan.window_start + plan.window_s
+        self.window_start = plan.window_start or float("inf")
+        self.window_end = self.window_start + plan.window_s
         body = {
             "model": plan.model,
             "messages": [{"role": "user", "content": "scale"}],
@@ -108,8 +110,9 @@ class _Load:
 
     async def _frames(self, reader: asyncio.StreamReader) -> bool:
         carry, first = b"", True
-        result, window_start, window_end = self.result, self.plan.window_start, self.window_end
+        result = self.result
         while True:
+            window_start, window_end = self.window_start, self.window_end
             data = await reader.read(_READ)
             now = time.time()
             if not data:
@@ -147,7 +150,9 @@ class _Load:
 
     async def run(self) -> LoadResult:
         tasks = [asyncio.create_task(self.client(index)) for index in range(self.plan.streams)]
-        await asyncio.sleep(max(0.0, self.plan.window_start - time.time()))
+        if not self.plan.window_start:
+            await self._ramp()
+        await asyncio.sleep(max(0.0, self.window_start - time.time()))
         usage = resource.getrusage(resource.RUSAGE_SELF)
         cpu_before = usage.ru_utime + usage.ru_stime
         self.result.streaming_at_window_start = len(self.result.first_token_times)
@@ -159,6 +164,16 @@ class _Load:
         for task in pending:
             task.cancel()
         return self.result
+
+    async def _ramp(self) -> None:
+        """Say when every stream has its first token (or the ramp timed out); read the window's start."""
+        give_up = time.monotonic() + self.plan.ramp_timeout_s
+        while len(self.result.first_token_times) < self.plan.streams and time.monotonic() < give_up:
+            await asyncio.sleep(0.1)
+        print(json.dumps({"streaming": len(self.result.first_token_times)}), flush=True)
+        line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+        self.window_start = float(line)
+        self.window_end = self.window_start + self.plan.window_s
 
 
 def main() -> None:

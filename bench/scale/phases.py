@@ -24,7 +24,16 @@ from typing import Any
 
 import httpx
 
-from bench.scale.cluster import MODEL, Cluster, WorkerSpec, finish_load, sample, start_load
+from bench.scale.cluster import (
+    MODEL,
+    Cluster,
+    WorkerSpec,
+    begin_window,
+    finish_load,
+    ramped,
+    sample,
+    start_load,
+)
 from bench.scale.counts import counter_delta, histogram_percentile, merge_histograms, per
 from bench.scale.load import LoadPlan, _Load
 from shared import keys
@@ -54,14 +63,18 @@ def measured_window(
     per_client = [
         streams // window.clients + (index < streams % window.clients) for index in range(window.clients)
     ]
-    ramp_s = 3.0 + streams / 400.0  # the clients open 400 streams per second between them
-    start = time.time() + ramp_s
-    plans = [_plan(ports, mode, count, max_tokens, start, window.seconds) for count in per_client if count]
+    plans = [_plan(ports, mode, count, max_tokens, 0.0, window.seconds) for count in per_client if count]
     for plan in plans:
-        plan["open_per_s"] = 400.0 / len(plans)
+        plan["open_per_s"] = 400.0 / len(plans)  # 400 new streams per second between them
+        plan["ramp_timeout_s"] = 20.0 + streams / 100.0
     steps_before = worker_steps(cluster)
     clients = [start_load(plan) for plan in plans]
     idle_rss = sample(cluster, clients).gateway_rss
+    for client in clients:
+        ramped(client)
+    start = time.time() + 1.0
+    for client in clients:
+        begin_window(client, start)
     time.sleep(max(0.0, start - time.time()))
     before = sample(cluster, clients)
     time.sleep(max(0.0, start + window.seconds - time.time()))
