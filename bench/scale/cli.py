@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.scale.cluster import Cluster, WorkerSpec
-from bench.scale.phases import Window, gateway_phase, redis_phase, takeover_phase
+from bench.scale.phases import Window, gateway_phase, redis_phase, saturation_phase, takeover_phase
 
 RESULTS_DIR = Path(__file__).resolve().parents[1] / "results"
 
@@ -28,13 +28,16 @@ def _ints(text: str) -> list[int]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="small levels and short windows (~2 min)")
-    parser.add_argument("--phases", default="gateway,redis,takeover")
+    parser.add_argument("--phases", default="gateway,saturation,redis,takeover")
     parser.add_argument("--streams", type=_ints, help="gateway phase levels (default 100,500,1000,2000,4000)")
     parser.add_argument(
         "--step-delay", type=float, default=0.2, help="gateway phase: seconds between a stream's tokens"
     )
     parser.add_argument(
         "--gateway-workers", type=int, default=2, help="fake workers feeding the gateway phase"
+    )
+    parser.add_argument(
+        "--saturation", default="300:0.02", help="saturation phase: STREAMS:STEP_DELAY (300 x 50 tok/s)"
     )
     parser.add_argument("--workers", type=_ints, help="redis phase worker counts (default 1,2,4,8)")
     parser.add_argument("--worker-batch", type=int, default=32, help="redis phase: each worker's max batch")
@@ -76,6 +79,9 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
         cluster.start()
         if "gateway" in phases:
             lines += gateway_phase(cluster, args.streams, args.step_delay, window, args.gateway_workers)
+        if "saturation" in phases:
+            streams, delay = args.saturation.split(":")
+            lines.append(saturation_phase(cluster, int(streams), float(delay), window, args.gateway_workers))
         if "redis" in phases:
             spec = WorkerSpec(args.worker_step_delay, args.worker_batch)
             lines += redis_phase(cluster, args.workers, spec, window, args.gateways, args.request_tokens)
@@ -130,7 +136,7 @@ REDIS_COLUMNS = [
 
 def tables(lines: list[dict[str, Any]]) -> str:
     parts = []
-    gateway = [line for line in lines if line.get("phase") == "gateway"]
+    gateway = [line for line in lines if line.get("phase") in ("gateway", "saturation")]
     if gateway:
         parts.append(
             _table("one gateway process: held streams (CPU in cores of 2)", GATEWAY_COLUMNS, gateway)

@@ -6,7 +6,7 @@ through ``shared.supervisor`` so each process is stopped, whatever the exit. The
 engine's script is plain ASCII, so every token is one character and one SSE frame.
 
 ``Sample`` snapshots what a phase's window is measured with: per process CPU seconds
-(psutil), the gateway's resident memory, and Redis's ``INFO`` (commands, socket reads,
+(``/proc``), the gateway's resident memory, and Redis's ``INFO`` (commands, socket reads,
 its own CPU). Two samples give ``Usage``.
 """
 
@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import redis
 
 from bench.scale.counts import RedisCounters, redis_counters
@@ -189,22 +188,33 @@ class Sample:
     counters: RedisCounters
 
 
+_TICKS = os.sysconf("SC_CLK_TCK")
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
 def _cpu(pids: Sequence[int]) -> float:
+    """User + system CPU seconds of ``pids`` (Linux ``/proc``: no psutil in the serving install)."""
     total = 0.0
     for pid in pids:
         try:
-            times = psutil.Process(pid).cpu_times()
-        except psutil.NoSuchProcess:
-            continue
-        total += times.user + times.system
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            continue  # it exited
+        fields = stat.rpartition(")")[2].split()  # after the command name, which may hold spaces
+        total += (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
     return total
+
+
+def _rss(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * _PAGE
+    except OSError:
+        return 0
 
 
 def sample(cluster: Cluster, clients: Sequence[subprocess.Popen[bytes]]) -> Sample:
     gateway_pids = [process.pid for process in cluster.gateways.values()]
-    rss = 0
-    for pid in gateway_pids:
-        rss += psutil.Process(pid).memory_info().rss
+    rss = sum(_rss(pid) for pid in gateway_pids)
     cpu = {
         "gateway": _cpu(gateway_pids),
         "workers": _cpu([process.pid for process in cluster.workers.values()]),

@@ -67,7 +67,6 @@ def measured_window(
     for plan in plans:
         plan["open_per_s"] = 400.0 / len(plans)  # 400 new streams per second between them
         plan["ramp_timeout_s"] = 20.0 + streams / 100.0
-    steps_before = worker_steps(cluster)
     clients = [start_load(plan) for plan in plans]
     idle_rss = sample(cluster, clients).gateway_rss
     for client in clients:
@@ -76,6 +75,7 @@ def measured_window(
     for client in clients:
         begin_window(client, start)
     time.sleep(max(0.0, start - time.time()))
+    steps_before = worker_steps(cluster)
     before = sample(cluster, clients)
     time.sleep(max(0.0, start + window.seconds - time.time()))
     after = sample(cluster, clients)
@@ -138,6 +138,7 @@ def worker_steps(cluster: Cluster) -> float:
 def gateway_phase(
     cluster: Cluster, levels: Sequence[int], step_delay_s: float, window: Window, workers: int
 ) -> list[dict[str, Any]]:
+    """One gateway; for each level, that many held streams of a token every ``step_delay_s``."""
     port = cluster.add_gateway()
     batch = max(levels) // workers + 16
     for _ in range(workers):
@@ -156,6 +157,15 @@ def gateway_phase(
     cluster.stop_workers()
     cluster.stop_gateways()
     return lines
+
+
+def saturation_phase(
+    cluster: Cluster, streams: int, step_delay_s: float, window: Window, workers: int
+) -> dict[str, Any]:
+    """One gateway offered more tokens than it can relay: the most it relays, and its batching."""
+    lines = gateway_phase(cluster, [streams], step_delay_s, Window(window.seconds, 1), workers)
+    lines[0]["phase"] = "saturation"
+    return lines[0]
 
 
 def redis_phase(
