@@ -117,21 +117,39 @@ def _cell(value: Any) -> str:
     return str(value)
 
 
-CPU = [("gw cpu", "cpu_cores.gateway"), ("wk cpu", "cpu_cores.workers"), ("redis cpu", "cpu_cores.redis"),
-       ("client cpu", "cpu_cores.client")]  # fmt: skip
+CPU = [
+    ("gw cpu", "cpu_cores.gateway"),
+    ("wk cpu", "cpu_cores.workers"),
+    ("redis cpu", "cpu_cores.redis"),
+    ("client cpu", "cpu_cores.client"),
+]
 GATEWAY_COLUMNS = [
-    ("streams", "streams"), ("streaming", "streaming_at_window_start"), ("offered tok/s", "offered_tokens_per_s"),
-    ("tok/s", "tokens_per_s"), ("p50 ms", "latency_ms_p50"), ("p99 ms", "latency_ms_p99"),
-    ("gw us/tok", "gateway_cpu_us_per_token"), ("gw MB", "gateway_rss_mb"), ("kB/stream", "gateway_kb_per_stream"),
-    *CPU, ("errors", "errors"),
-]  # fmt: skip
+    ("streams", "streams"),
+    ("streaming", "streaming_at_window_start"),
+    ("offered tok/s", "offered_tokens_per_s"),
+    ("tok/s", "tokens_per_s"),
+    ("p50 ms", "latency_ms_p50"),
+    ("p99 ms", "latency_ms_p99"),
+    ("gw us/tok", "gateway_cpu_us_per_token"),
+    ("gw MB", "gateway_rss_mb"),
+    ("kB/stream", "gateway_kb_per_stream"),
+    *CPU,
+    ("errors", "errors"),
+]
 REDIS_COLUMNS = [
-    ("workers", "workers"), ("tok/s", "tokens_per_s"), ("x 1 worker", "speedup_vs_1_worker"),
-    ("req/s", "requests_finished"), ("cmd/tok", "redis_commands_per_token"), ("reads/tok", "redis_reads_per_token"),
-    ("cmd/req", "redis_commands_per_request"), ("reads/req", "redis_reads_per_request"),
-    ("publish/step", "publish_scripts_per_step"), ("tok/s per redis core", "redis_tokens_per_s_per_core"),
-    ("p99 ms", "latency_ms_p99"), *CPU,
-]  # fmt: skip
+    ("workers", "workers"),
+    ("tok/s", "tokens_per_s"),
+    ("x 1 worker", "speedup_vs_1_worker"),
+    ("req/s", "requests_per_s"),
+    ("cmd/tok", "redis_commands_per_token"),
+    ("reads/tok", "redis_reads_per_token"),
+    ("cmd/req", "redis_commands_per_request"),
+    ("reads/req", "redis_reads_per_request"),
+    ("publish/step", "publish_scripts_per_step"),
+    ("tok/s per redis core", "redis_tokens_per_s_per_core"),
+    ("p99 ms", "latency_ms_p99"),
+    *CPU,
+]
 
 
 def tables(lines: list[dict[str, Any]]) -> str:
@@ -142,23 +160,26 @@ def tables(lines: list[dict[str, Any]]) -> str:
             _table("one gateway process: held streams (CPU in cores of 2)", GATEWAY_COLUMNS, gateway)
         )
     redis = [line for line in lines if line.get("phase") == "redis"]
-    for line in redis:
-        line["requests_finished"] = round(line["requests_finished"] / line["window_s"], 1)
     if redis:
         parts.append(_table("one Redis: fake workers, whole requests (req/s)", REDIS_COLUMNS, redis))
     for line in lines:
         if line.get("phase") == "takeover":
-            parts.append(
-                f"takeover after SIGKILL: gaps {line['gap_s']} s ({line['continued']}/{line['rounds']} continued)"
-            )
+            continued = f"{line['continued']}/{line['rounds']} continued"
+            parts.append(f"takeover after SIGKILL: gaps {line['gap_s']} s ({continued})")
     return "\n\n".join(parts)
 
 
 def main() -> None:
     args = parse_args()
     started = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-    header = {"kind": "run", **{k: v for k, v in vars(args).items()}, "git": _git(), "cpu_count": os.cpu_count(),
-              "loadavg_1m": os.getloadavg()[0], "started_at": started}  # fmt: skip
+    header = {
+        "kind": "run",
+        **vars(args),
+        "git": _git(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_1m": os.getloadavg()[0],
+        "started_at": started,
+    }
     print(json.dumps(header), flush=True)
     lines = run(args)
     RESULTS_DIR.mkdir(exist_ok=True)

@@ -24,6 +24,7 @@ Either way only what arrives inside [window_start, window_start + window_s] coun
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import resource
@@ -79,7 +80,7 @@ class _Load:
             "temperature": 0,
         }
         self.body = json.dumps(body).encode()
-        self.started = 0
+        self.all_streaming = asyncio.Event()
 
     def request(self, port: int) -> bytes:
         head = (
@@ -127,6 +128,8 @@ class _Load:
             if ids and first:
                 first = False
                 result.first_token_times.append(now)
+                if len(result.first_token_times) >= self.plan.streams:
+                    self.all_streaming.set()
             if now >= window_start:
                 result.tokens += len(ids)
                 now_ms = now * 1000.0
@@ -167,9 +170,8 @@ class _Load:
 
     async def _ramp(self) -> None:
         """Say when every stream has its first token (or the ramp timed out); read the window's start."""
-        give_up = time.monotonic() + self.plan.ramp_timeout_s
-        while len(self.result.first_token_times) < self.plan.streams and time.monotonic() < give_up:
-            await asyncio.sleep(0.1)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.all_streaming.wait(), self.plan.ramp_timeout_s)
         print(json.dumps({"streaming": len(self.result.first_token_times)}), flush=True)
         line = await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
         self.window_start = float(line)

@@ -104,6 +104,7 @@ def _figures(
         "window_s": round(wall, 2),
         "tokens_per_s": round(tokens / wall, 1),
         "requests_finished": finished,
+        "requests_per_s": round(finished / wall, 1),
         "latency_ms_p50": histogram_percentile(latency, 50),
         "latency_ms_p99": histogram_percentile(latency, 99),
         "latency_ms_max": max(latency) if latency else None,
@@ -223,16 +224,14 @@ async def _one_takeover(cluster: Cluster, port: int, step_delay_s: float) -> flo
     plan = LoadPlan(**_plan([port], "hold", 1, 100_000, time.time(), 30.0))
     load = _Load(plan)
     task = asyncio.create_task(load.one_request(port))
-    while load.result.tokens < 20:  # streaming from one worker
-        await asyncio.sleep(0.05)
-        if task.done():
-            return None
+    await _tokens_beyond(load, 20, timeout_s=30)  # streaming from one worker
+    if task.done():
+        return None
     victim = _owner(cluster)
     tokens_at_kill = load.result.tokens
     cluster.kill_worker(victim)
     killed_at = time.time()
-    while load.result.tokens <= tokens_at_kill + 1 and time.time() - killed_at < 25:
-        await asyncio.sleep(0.01)
+    await _tokens_beyond(load, tokens_at_kill + 1, timeout_s=25)
     continued_at = time.time()
     task.cancel()
     cluster.add_worker(WorkerSpec(step_delay_s, 8))  # back to two for the next round
@@ -241,6 +240,14 @@ async def _one_takeover(cluster: Cluster, port: int, step_delay_s: float) -> flo
     if load.result.tokens <= tokens_at_kill + 1:
         return None
     return continued_at - killed_at
+
+
+async def _tokens_beyond(load: _Load, count: int, timeout_s: float) -> None:
+    """Until the stream has more than ``count`` tokens (polled: the client counts, it signals nothing)."""
+    for _ in range(int(timeout_s / 0.01)):
+        if load.result.tokens > count:
+            return
+        await asyncio.sleep(0.01)
 
 
 def _owner(cluster: Cluster) -> str:
