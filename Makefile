@@ -109,8 +109,8 @@ BATCH_BENCH_ARGS ?=
 bench-batch: setup-serve
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.batch $(BATCH_BENCH_ARGS)
 
-# Where one gateway process and one Redis stop, with fake-engine workers (~8 min; SCALE_ARGS="--quick"
-# ~2 min); see bench/README.md.
+# Where one gateway process and one Redis stop, with fake-engine workers (~13 min on a busy 2-core VM;
+# SCALE_ARGS="--quick" for a smoke run); see bench/README.md.
 SCALE_ARGS ?=
 bench-scale: setup-serve
 	$(BIN)/python -m bench.scale $(SCALE_ARGS)
