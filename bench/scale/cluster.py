@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import redis
@@ -68,7 +68,7 @@ class Cluster:
         self.redis.stop()
 
     def redis_pid(self) -> int:
-        return int(self.client.info("server")["process_id"])
+        return int(cast(dict[str, Any], self.client.info("server"))["process_id"])
 
     def add_gateway(self, *extra: str) -> int:
         port = free_port()
@@ -140,7 +140,7 @@ class Cluster:
         return True
 
     def running(self) -> int:
-        return int(self.client.scard(keys.running(MODEL)))
+        return cast(int, self.client.scard(keys.running(MODEL)))
 
     def wait_idle(self, timeout_s: float = 60.0) -> None:
         """Until no job runs (the last level's streams were hung up and their jobs aborted)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -51,7 +51,8 @@ def parse_counters(
 
 
 def redis_counters(client: redis.Redis) -> RedisCounters:
-    return parse_counters(client.info("stats"), client.info("cpu"), client.info("commandstats"))
+    sections = [cast(Mapping[str, Any], client.info(section)) for section in ("stats", "cpu", "commandstats")]
+    return parse_counters(*sections)
 
 
 def counter_delta(before: RedisCounters, after: RedisCounters) -> RedisCounters:

@@ -20,7 +20,7 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import httpx
 
@@ -251,8 +251,9 @@ async def _tokens_beyond(load: _Load, count: int, timeout_s: float) -> None:
 
 
 def _owner(cluster: Cluster) -> str:
-    for member in cluster.client.smembers(keys.running(MODEL)):  # type: ignore[union-attr]
-        owner = cluster.client.hget(keys.run(member.decode()), "owner")
+    members = cast(set[bytes], cluster.client.smembers(keys.running(MODEL)))
+    for member in members:
+        owner = cast(bytes | None, cluster.client.hget(keys.run(member.decode()), "owner"))
         if owner:
             worker_id = owner.decode().split("/")[0]
             if worker_id in cluster.workers:
