@@ -34,7 +34,7 @@ from collections import Counter
 from dataclasses import dataclass, field, fields
 
 # A content frame: its id then a data line whose delta has non-empty content.
-_FRAME = re.compile(rb'(?:^|\n)id: (\d+)-\d+\ndata: [^\n]*?"content":"[^"]')
+CONTENT_FRAME = re.compile(rb'(?:^|\n)id: (\d+)-\d+\ndata: [^\n]*?"content":"[^"]')
 _DONE = b"data: [DONE]"
 _READ = 1 << 16
 
@@ -124,7 +124,7 @@ class _Load:
             buffer = carry + data
             cut = buffer.rfind(b"\n\n") + 2  # frames end with a blank line
             carry, whole = buffer[cut:], buffer[:cut]
-            ids = _FRAME.findall(whole)
+            ids = CONTENT_FRAME.findall(whole)
             if ids and first:
                 first = False
                 result.first_token_times.append(now)

@@ -1,4 +1,4 @@
-"""The scale bench's arithmetic: latency histogram percentiles and Redis counter deltas."""
+"""The scale bench's arithmetic: latency percentiles, Redis counter deltas, and how the client counts frames."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from bench.scale.counts import (
     parse_counters,
     per,
 )
+from bench.scale.load import CONTENT_FRAME
 
 
 def test_percentiles_of_a_histogram_are_the_bins_that_reach_the_share() -> None:
@@ -45,3 +46,19 @@ def test_counter_deltas_keep_only_commands_called_in_between() -> None:
 def test_ratios_with_nothing_to_divide_by_are_none() -> None:
     assert per(10, 4) == 2.5
     assert per(10, 0) is None
+
+
+def test_the_load_client_counts_content_frames_by_their_entry_ids_through_http_chunks() -> None:
+    def frame(entry_id: str, delta: str) -> bytes:
+        data = f'{{"choices":[{{"index":0,"delta":{delta}}}]}}'
+        body = f"id: {entry_id}\ndata: {data}\n\n".encode()
+        return f"{len(body):x}\r\n".encode() + body + b"\r\n"
+
+    stream = (
+        frame("100-0", '{"role":"assistant","content":""}')
+        + frame("105-0", '{"content":"t"}')
+        + frame("105-1", '{"content":"h"}')
+        + frame("109-0", "{}")
+    )
+
+    assert CONTENT_FRAME.findall(stream) == [b"105", b"105"]
