@@ -1,4 +1,4 @@
-"""The scale bench's arithmetic: latency percentiles, Redis counter deltas, and how the client counts frames."""
+"""The scale bench's arithmetic: latency percentiles, Redis counter deltas, frames the client counts."""
 
 from __future__ import annotations
 
