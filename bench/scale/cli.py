@@ -45,6 +45,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--request-tokens", type=int, default=64, help="redis phase: tokens per request")
     parser.add_argument("--gateways", type=int, default=2, help="redis phase: gateway processes")
     parser.add_argument("--window", type=float, help="seconds measured per level (default 15, quick 8)")
+    parser.add_argument(
+        "--gateway-arg",
+        action="append",
+        default=[],
+        help="a flag for every gateway, e.g. --gateway-arg=--redis-max-connections=2048 (repeatable)",
+    )
     parser.add_argument("--clients", type=int, default=2, help="load processes for big levels")
     parser.add_argument(
         "--takeovers", type=int, help="worker kills in the takeover phase (default 3, quick 1)"
@@ -74,7 +80,7 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
     phases = set(args.phases.split(","))
     window = Window(args.window, args.clients)
     lines: list[dict[str, Any]] = []
-    cluster = Cluster()
+    cluster = Cluster(tuple(args.gateway_arg))
     try:
         cluster.start()
         if "gateway" in phases:

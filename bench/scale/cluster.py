@@ -47,7 +47,8 @@ class WorkerSpec:
 class Cluster:
     """One Redis, gateways and workers that can be added, killed and replaced between phases."""
 
-    def __init__(self) -> None:
+    def __init__(self, gateway_args: tuple[str, ...] = ()) -> None:
+        self.gateway_args = gateway_args  # extra flags for every gateway (--redis-max-connections=...)
         self.log_dir = Path(tempfile.mkdtemp(prefix="tokenferry-scale-"))
         self.redis = EmbeddedRedis()
         self._gateways = Supervisor(grace_s=10)
@@ -73,7 +74,7 @@ class Cluster:
     def add_gateway(self, *extra: str) -> int:
         port = free_port()
         flags = ["--port", str(port), "--max-queued-requests", "100000", "--max-streams-per-tenant", "100000"]
-        command = cli_command("gateway", "--redis-url", self.redis.url, *flags, *extra)
+        command = cli_command("gateway", "--redis-url", self.redis.url, *flags, *self.gateway_args, *extra)
         self.gateways[port] = self._gateways.start(
             f"gateway-{port}", command, env=self._env({}), output=self.log_dir / f"gateway-{port}.log"
         )
