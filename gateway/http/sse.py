@@ -39,11 +39,13 @@ DRAIN_GRACE_S = 30.0
 ChunkMaker = Callable[[TokenEvent], Sequence[BaseModel]]
 OnClose = Callable[[], Awaitable[None]]
 FrameMaker = Callable[[StreamEvent], Iterable[ServerSentEvent]]
+# What a relay hands over: one event, or every event that had arrived (written as one send).
+Relayed = StreamEvent | list[StreamEvent]
 
 
 def event_stream(
     first: StreamEvent | None,
-    rest: AsyncGenerator[StreamEvent, None],
+    rest: AsyncGenerator[Relayed, None],
     to_chunks: ChunkMaker,
     *,
     drain_grace_s: float = DRAIN_GRACE_S,
@@ -66,7 +68,7 @@ def event_stream(
 
 
 def sse_response(
-    frames: AsyncIterator[ServerSentEvent],
+    frames: AsyncIterator[ServerSentEvent | bytes],
     *,
     drain_grace_s: float | None = None,
     on_close: OnClose | None = None,
@@ -107,28 +109,49 @@ class _ClosingEventSourceResponse(EventSourceResponse):
 
 async def relayed_frames(
     first: StreamEvent | None,
-    rest: AsyncGenerator[StreamEvent, None],
+    rest: AsyncGenerator[Relayed, None],
     to_frames: FrameMaker,
     error_frame: Callable[[Exception], ServerSentEvent],
     *,
     done: ServerSentEvent | None = None,
-) -> AsyncIterator[ServerSentEvent]:
+) -> AsyncIterator[ServerSentEvent | bytes]:
     """The frames of ``first`` then of each event of ``rest``, then ``done`` (if any).
 
-    A failure while relaying ``rest`` ends the stream with ``error_frame`` instead of ``done``.
+    The frames of a batch of events go out encoded together, as one send: each send costs
+    the relay more than a frame does. A failure while relaying ``rest`` ends the stream with
+    ``error_frame`` instead of ``done``, after the frames of a batch made before it.
     """
     async with aclosing(rest):
         for frame in to_frames(first) if first is not None else ():
             yield frame
         try:
             async for item in rest:
-                for frame in to_frames(item):
-                    yield frame
+                if isinstance(item, StreamEvent):
+                    for frame in to_frames(item):
+                        yield frame
+                    continue
+                encoded, failure = _encoded_frames(item, to_frames)
+                if encoded:
+                    yield encoded
+                if failure is not None:
+                    raise failure
         except Exception as exc:  # after the 200 went out, failures travel in-band
             yield error_frame(exc)
             return
     if done is not None:
         yield done
+
+
+def _encoded_frames(batch: list[StreamEvent], to_frames: FrameMaker) -> tuple[bytes, Exception | None]:
+    """The frames of ``batch`` encoded back to back, and the failure that cut them short, if any."""
+    encoded = bytearray()
+    try:
+        for item in batch:
+            for frame in to_frames(item):
+                encoded += frame.encode()
+    except Exception as exc:
+        return bytes(encoded), exc
+    return bytes(encoded), None
 
 
 def _event_frames(item: StreamEvent, to_chunks: ChunkMaker) -> list[ServerSentEvent]:

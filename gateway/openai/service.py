@@ -71,7 +71,7 @@ class OpenAIService:
         async def stream(on_close: sse.OnClose) -> EventSourceResponse:
             await resume.save_view(self.state.pool, self.request_id, "chat", meta, self.tenant)
             acceptance = await self.state.dispatcher.start(job, self.receive)
-            relayed = self.state.dispatcher.relay(acceptance)
+            relayed = self.state.dispatcher.relay_batches(acceptance)
             return self._stream(acceptance.accepted, relayed, render.ChatStream(meta).chunks, on_close)
 
         return await self.state.streams.open(self.quota.principal, self.request_id, stream)
@@ -93,7 +93,7 @@ class OpenAIService:
     def _stream(
         self,
         first: StreamEvent,
-        rest: AsyncGenerator[StreamEvent, None],
+        rest: AsyncGenerator[sse.Relayed, None],
         to_chunks: sse.ChunkMaker,
         on_close: sse.OnClose,
     ) -> EventSourceResponse:

@@ -18,6 +18,11 @@ subscriber that does not keep up stops being read past ``_HIGH_WATER`` buffered 
 (its stream is read again from where it is once it drains), so a slow client never
 makes the gateway hold more than that. A Redis outage pauses every stream; one longer
 than ``outage_tolerance_s`` fails the streams then open with ``Unavailable``.
+
+``read_batches`` hands a subscriber everything buffered for it at once, so a relay that
+fell behind writes several events in one SSE write instead of paying a send per event
+(the gateway's largest cost per token, measured in ``bench/scale``); ``read`` is the same
+one event at a time.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import AsyncGenerator, Collection
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,6 +100,11 @@ class _Subscription:
     def fail(self, error: Exception) -> None:
         self.error = error
         self.ready.set()
+
+    def expire(self) -> None:
+        """The read's deadline passed: what is buffered is still handed over, then ``Timeout``."""
+        if self.error is None:
+            self.fail(Timeout("the request did not complete before its deadline"))
 
 
 class _Reader:
@@ -250,23 +261,41 @@ class StreamMux:
         self, request_id: str, *, deadline: float, after_id: str = "0"
     ) -> AsyncGenerator[StreamEvent, None]:
         """Yield events after ``after_id``; raise ``Timeout`` if ``deadline`` (monotonic) passes."""
+        async with aclosing(self.read_batches(request_id, deadline=deadline, after_id=after_id)) as batches:
+            async for batch in batches:
+                for item in batch:
+                    yield item
+
+    async def read_batches(
+        self, request_id: str, *, deadline: float, after_id: str = "0"
+    ) -> AsyncGenerator[list[StreamEvent], None]:
+        """``read``'s events, each time as all of them that are buffered: a relay writes them at once.
+
+        A batch holds at most ``_HIGH_WATER`` events and ends at the terminal one.
+        """
         subscription = _Subscription(keys.events(request_id), after_id)
         reader = self._reader_for(subscription.stream)
         reader.add(subscription)
+        # One timer for the whole read: an ``asyncio.timeout`` per wait cost a timer per event.
+        loop = asyncio.get_running_loop()
+        expiry = loop.call_at(loop.time() + deadline - time.monotonic(), subscription.expire)
         try:
             while True:
-                while subscription.entries:
-                    item = subscription.entries.popleft()
-                    if subscription.paused and len(subscription.entries) <= _HIGH_WATER // 2:
+                if subscription.entries:
+                    batch = _take_through_terminal(subscription.entries)
+                    if subscription.paused:
                         subscription.paused = False
                         reader.resume()
-                    yield item
-                    if item.event.type in TERMINAL_EVENT_TYPES:
+                    yield batch
+                    if batch[-1].event.type in TERMINAL_EVENT_TYPES:
                         return
+                    continue
                 if subscription.error is not None:
                     raise subscription.error
-                await _wait(subscription.ready, deadline)
+                await subscription.ready.wait()
+                subscription.ready.clear()
         finally:
+            expiry.cancel()
             reader.remove(subscription)
 
     async def aclose(self) -> None:
@@ -292,14 +321,12 @@ class StreamMux:
             self._readers.append(reader)
 
 
-async def _wait(ready: asyncio.Event, deadline: float) -> None:
-    """Until ``ready`` is set (then clear it), or raise ``Timeout`` once ``deadline`` passes."""
-    remaining = deadline - time.monotonic()
-    if remaining <= 0:
-        raise Timeout("the request did not complete before its deadline")
-    try:
-        async with asyncio.timeout(remaining):
-            await ready.wait()
-    except TimeoutError:
-        raise Timeout("the request did not complete before its deadline") from None
-    ready.clear()
+def _take_through_terminal(entries: deque[StreamEvent]) -> list[StreamEvent]:
+    """Pop every buffered event, or those up to the first terminal one."""
+    batch: list[StreamEvent] = []
+    while entries:
+        item = entries.popleft()
+        batch.append(item)
+        if item.event.type in TERMINAL_EVENT_TYPES:
+            break
+    return batch

@@ -1,0 +1,5 @@
+"""Lets ``python -m bench.scale`` run the scale benchmark."""
+
+from bench.scale.cli import main
+
+main()
