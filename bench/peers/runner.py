@@ -71,14 +71,23 @@ def _level_fields(run: Run, endpoint: Endpoint, workload: str, concurrency: int)
     }
 
 
-def _record_level(run: Run, fields: dict[str, Any], level: load.LevelRun, expected: int) -> None:
+def _record_level(
+    run: Run, fields: dict[str, Any], level: load.LevelRun, expected: int, processed_tokens: int = 0
+) -> None:
+    """Summarize a level, compare it with vLLM's and the machine's limits, and emit it.
+
+    ``processed_tokens``: prompt tokens the level also computed (the long workload), counted
+    with its output tokens in its model GFLOP/s.
+    """
     summary = summarize_level(level.records, level.wall_s, expected)
     line = {**fields, "partial": level.deadline_hit, **summary}
     key = report.level_key(line)
     line |= report.vs_baseline(line, run.baselines.get(key))
     if run.limits is not None:
+        computed = line["output_tokens"] + (processed_tokens if not level.deadline_hit else 0)
         line |= machine_shares(
             line["output_tokens_per_s"],
+            computed_tokens_per_s=computed / level.wall_s if level.wall_s > 0 else None,
             concurrency=line["concurrency"],
             dtype=line["dtype"],
             parameters=run.parameters,
@@ -129,7 +138,7 @@ async def _long_level(run: Run, endpoint: Endpoint) -> None:
         "prompt_tokens": sum(request.prompt_tokens for request in run.long),
         "forced_output_tokens": sum(request.max_tokens for request in run.long),
     }
-    _record_level(run, fields, level, 0)
+    _record_level(run, fields, level, 0, processed_tokens=fields["prompt_tokens"])
     run.lines[-1]["short_requests"] = short  # against each request's own length, not one for all
 
 
@@ -156,9 +165,15 @@ def run_system(run: Run, system: str, dtype: str) -> None:
         message = str(error)
         report.note(f"{system} at {dtype} did not start:\n{message[-LOG_TAIL_CHARS:]}")
         first, _, tail = message.partition("\n")
+        last = next((line for line in reversed(tail.splitlines()) if line.strip()), "")
         run.record(
             "peers_error",
-            {"system": system, "dtype": dtype, "error": first, "log_tail": tail[-LOG_TAIL_CHARS:]},
+            {
+                "system": system,
+                "dtype": dtype,
+                "error": f"{first}: {last.strip()}",
+                "log_tail": tail[-LOG_TAIL_CHARS:],
+            },
         )
 
 
@@ -191,6 +206,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     os.chdir(REPOSITORY)  # children run `python -m cli` from here: this checkout's code, whatever the venv
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # SIGTERM unwinds like Ctrl-C
     report.note(f"estimated duration: about {estimate_s(options) / 60:.0f} min on an idle 2-core machine")
+    if (load_before := os.getloadavg()[0]) > 0.5:
+        report.note(
+            f"load average is {load_before:.2f} before starting: other processes will slow the numbers"
+        )
     model_dir = bundled_model_dir()
     parameters = parameter_count(model_dir)
     setup = SystemSetup(model_dir, options.vllm_python, options.worker_args)

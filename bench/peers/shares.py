@@ -1,7 +1,9 @@
 """Owns what a system's throughput means against the machine's limits: model GFLOP/s and weight bandwidth.
 
 - Model GFLOP/s = tok/s x 2 x parameters / 1e9 (SmolLM2-135M: ~0.27 GFLOP per token; the
-  tied LM head counted once, as the matmul it is), against the best linear-layer GFLOP/s
+  tied LM head counted once, as the matmul it is; the long workload counts its prompt tokens
+  as well as its output tokens, an upper bound since the LM head runs only on the last
+  prompt position), against the best linear-layer GFLOP/s
   at the measured row count nearest the level's concurrency (a decode step has C rows);
   the long-prompt workload, prefill-bound, against the largest row count.
 - Weight GB/s = decode steps/s x the weights' bytes, with steps/s = tok/s / C (each step
@@ -46,16 +48,21 @@ def _share(value: float | None, limit: float | None) -> float | None:
 def machine_shares(
     tokens_per_s: float | None,
     *,
+    computed_tokens_per_s: float | None = None,
     concurrency: int,
     dtype: str,
     parameters: int,
     limits: MachineLimits,
     prefill_bound: bool = False,
 ) -> dict[str, float | None]:
-    """A level's model GFLOP/s and weight GB/s, and each as a share of the machine's limit."""
+    """A level's model GFLOP/s and weight GB/s, and each as a share of the machine's limit.
+
+    ``computed_tokens_per_s`` (prompt plus output tokens per second) replaces ``tokens_per_s``
+    in the GFLOP/s where prompts are a large part of the work.
+    """
     if not tokens_per_s:
         return {"model_gflops": None, "share_of_linear": None, "weights_gb_s": None, "share_of_copy": None}
-    gflops = tokens_per_s * 2 * parameters / 1e9
+    gflops = (computed_tokens_per_s or tokens_per_s) * 2 * parameters / 1e9
     rows = max(limit.rows for limit in limits.linear) if prefill_bound else concurrency
     weights_gb_s = None
     if not prefill_bound:
