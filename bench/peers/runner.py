@@ -61,7 +61,7 @@ def bundled_model_dir() -> Path:
     return converted_gguf_dir(resolve_source(settings.model), settings.cache_dir)
 
 
-def _level_fields(run: Run, endpoint: Endpoint, workload: str, concurrency: int) -> dict[str, Any]:
+def _level_fields(endpoint: Endpoint, workload: str, concurrency: int) -> dict[str, Any]:
     return {
         "system": endpoint.system,
         "dtype": endpoint.dtype,
@@ -112,9 +112,7 @@ async def _chat_levels(run: Run, endpoint: Endpoint) -> None:
             max_seconds=run.options.max_seconds_per_level,
             first_prompt=run.options.first_prompt(concurrency),
         )
-        fields = _level_fields(run, endpoint, "chat", concurrency) | {
-            "output_tokens_per_request": OUTPUT_TOKENS
-        }
+        fields = _level_fields(endpoint, "chat", concurrency) | {"output_tokens_per_request": OUTPUT_TOKENS}
         _record_level(run, fields, level, OUTPUT_TOKENS)
 
 
@@ -134,7 +132,7 @@ async def _long_level(run: Run, endpoint: Endpoint) -> None:
         record.error is None and not record.truncated and record.tokens < run.long[record.index].max_tokens
         for record in level.records
     )
-    fields = _level_fields(run, endpoint, "long", concurrency) | {
+    fields = _level_fields(endpoint, "long", concurrency) | {
         "prompt_tokens": sum(request.prompt_tokens for request in run.long),
         "forced_output_tokens": sum(request.max_tokens for request in run.long),
     }
