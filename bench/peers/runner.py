@@ -72,15 +72,21 @@ def _level_fields(endpoint: Endpoint, workload: str, concurrency: int) -> dict[s
 
 
 def _record_level(
-    run: Run, fields: dict[str, Any], level: load.LevelRun, expected: int, processed_tokens: int = 0
+    run: Run,
+    fields: dict[str, Any],
+    level: load.LevelRun,
+    expected: int,
+    *,
+    processed_tokens: int = 0,
+    corrections: dict[str, Any] | None = None,
 ) -> None:
     """Summarize a level, compare it with vLLM's and the machine's limits, and emit it.
 
     ``processed_tokens``: prompt tokens the level also computed (the long workload), counted
-    with its output tokens in its model GFLOP/s.
+    with its output tokens in its model GFLOP/s. ``corrections`` replace summary fields.
     """
     summary = summarize_level(level.records, level.wall_s, expected)
-    line = {**fields, "partial": level.deadline_hit, **summary}
+    line = {**fields, "partial": level.deadline_hit, **summary, **(corrections or {})}
     key = report.level_key(line)
     line |= report.vs_baseline(line, run.baselines.get(key))
     if run.limits is not None:
@@ -136,8 +142,9 @@ async def _long_level(run: Run, endpoint: Endpoint) -> None:
         "prompt_tokens": sum(request.prompt_tokens for request in run.long),
         "forced_output_tokens": sum(request.max_tokens for request in run.long),
     }
-    _record_level(run, fields, level, 0, processed_tokens=fields["prompt_tokens"])
-    run.lines[-1]["short_requests"] = short  # against each request's own length, not one for all
+    # Short against each request's own length, not one length for all.
+    corrections = {"short_requests": short}
+    _record_level(run, fields, level, 0, processed_tokens=fields["prompt_tokens"], corrections=corrections)
 
 
 async def _measure(run: Run, endpoint: Endpoint) -> None:
