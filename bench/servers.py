@@ -11,8 +11,9 @@ path is reported, and whose tails are printed if start-up fails.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,6 @@ from shared.supervisor import (
     ChildExited,
     NotReady,
     Supervisor,
-    cli_command,
     ctrl_c_ignored,
     served_models,
 )
@@ -43,7 +43,7 @@ class RunningServers:
     worker_argv: tuple[str, ...]
 
 
-def _log_tails(logs_dir: Path, lines: int = 20) -> str:
+def log_tails(logs_dir: Path, lines: int = 20) -> str:
     tails = []
     for log in sorted(logs_dir.glob("*.log")):
         text = log.read_text(errors="replace").splitlines()[-lines:]
@@ -58,25 +58,33 @@ def _wait_ready(base_url: str, supervisor: Supervisor, logs_dir: Path) -> str:
             lambda: served_models(base_url, timeout_s=5), timeout_s=READY_TIMEOUT_S, what="the gateway"
         )
     except ChildExited:
-        raise ServerStartError(f"a server process exited during start-up\n{_log_tails(logs_dir)}") from None
+        raise ServerStartError(f"a server process exited during start-up\n{log_tails(logs_dir)}") from None
     except NotReady:
-        raise ServerStartError(f"not ready after {READY_TIMEOUT_S:.0f} s\n{_log_tails(logs_dir)}") from None
+        raise ServerStartError(f"not ready after {READY_TIMEOUT_S:.0f} s\n{log_tails(logs_dir)}") from None
     return models[0]
 
 
 @contextmanager
-def running_servers(worker_args: Sequence[str]) -> Iterator[RunningServers]:
-    """Redis, a worker with ``worker_args`` and a gateway; stopped on exit, whatever the exit."""
+def running_servers(
+    worker_args: Sequence[str], *, python: str | None = None, extra_env: Mapping[str, str] | None = None
+) -> Iterator[RunningServers]:
+    """Redis, a worker with ``worker_args`` and a gateway; stopped on exit, whatever the exit.
+
+    ``python`` is the interpreter both run under (``python -m cli``, so started from the
+    repository root the checkout's code is imported whatever venv it is): by default this one.
+    ``extra_env`` is added to both processes' environment.
+    """
     logs_dir = Path(tempfile.mkdtemp(prefix="tokenferry-bench-"))
     redis = EmbeddedRedis()
     supervisor = Supervisor(grace_s=STOP_GRACE_S)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(extra_env or {})}
+    cli = [python or sys.executable, "-m", "cli"]
     try:
         redis.start()
         port = free_port()
-        worker = cli_command("worker", "--redis-url", redis.url, *worker_args)
+        worker = [*cli, "worker", "--redis-url", redis.url, *worker_args]
         supervisor.start("worker", worker, env=env, output=logs_dir / "worker.log")
-        gateway = cli_command("gateway", "--redis-url", redis.url, "--port", str(port))
+        gateway = [*cli, "gateway", "--redis-url", redis.url, "--port", str(port)]
         supervisor.start("gateway", gateway, env=env, output=logs_dir / "gateway.log")
         base_url = f"http://127.0.0.1:{port}"
         model = _wait_ready(base_url, supervisor, logs_dir)

@@ -91,6 +91,7 @@ def summarize_level(records: Sequence[RequestRecord], wall_s: float, expected_to
         "itl_ms_p50": _ms(percentile(gaps, 50)),
         "itl_ms_p99": _ms(percentile(gaps, 99)),
         "tpot_ms_p50": _ms(percentile(tpots, 50)),
+        "tpot_ms_p99": _ms(percentile(tpots, 99)),
         "tokens_per_chunk": round(tokens / chunks, 3) if chunks else None,
         "first_errors": sorted({record.error for record in records if record.error})[:3],
     }
