@@ -118,7 +118,7 @@ def _invalid(problem: Any) -> str:
 
 # uvicorn's production choices, named rather than left to its "auto", which falls back to
 # asyncio's loop and h11 without a word when uvloop or httptools is missing (before they
-# were gateway dependencies, it did: ~15 % more gateway CPU per token, docs/performance.md).
+# were gateway dependencies, it did: up to ~15 % more gateway CPU per token, docs/performance.md).
 # uvloop has no Windows build (pyproject's marker); asyncio's loop is what runs there.
 GATEWAY_EVENT_LOOP = "asyncio" if sys.platform == "win32" else "uvloop"
 GATEWAY_HTTP = "httptools"
