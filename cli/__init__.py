@@ -116,6 +116,14 @@ def _invalid(problem: Any) -> str:
     return f"invalid {field} ({options.flag_name(field)}, {options.env_name(field)}): {message}"
 
 
+# uvicorn's production choices, named rather than left to its "auto", which falls back to
+# asyncio's loop and h11 without a word when uvloop or httptools is missing (before they
+# were gateway dependencies, it did: up to ~15 % more gateway CPU per token, docs/performance.md).
+# uvloop has no Windows build (pyproject's marker); asyncio's loop is what runs there.
+GATEWAY_EVENT_LOOP = "asyncio" if sys.platform == "win32" else "uvloop"
+GATEWAY_HTTP = "httptools"
+
+
 def _run_gateway(values: dict[str, object]) -> None:
     import uvicorn
 
@@ -134,6 +142,8 @@ def _run_gateway(values: dict[str, object]) -> None:
         host=settings.host,
         port=settings.port,
         log_config=None,  # keep our handlers and request-id filter
+        loop=GATEWAY_EVENT_LOOP,
+        http=GATEWAY_HTTP,
         # Open streams get the drain grace (sse-starlette's), then a little for the rest to close.
         timeout_graceful_shutdown=int(settings.drain_grace_s) + 5,
     )

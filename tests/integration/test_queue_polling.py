@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 from shared import keys
 from shared.jobs import jobqueue
 from tests.helpers import FAKE_MODEL, chat_body, running_stack, until_running
+from worker.queue.claims import READ_WINDOW, claim_due_jobs
 from worker.queue.consumer import QueueWorker
 
 
@@ -83,3 +84,21 @@ async def test_close_completes_the_shutdown_even_when_a_job_task_ends_cancelled(
     await asyncio.gather(main, return_exceptions=True)
     await worker.close()
     assert shut_down == [True]
+
+
+async def test_a_poll_sets_keys_only_for_the_jobs_it_claims(redis: Redis) -> None:
+    # 300 jobs running elsewhere hold the head of the queue; 5 free ones wait behind them.
+    queue = keys.queue(FAKE_MODEL)
+    for index in range(300):
+        await redis.zadd(queue, {f"elsewhere-{index}": 1 + index})
+        await redis.set(in_progress_key_prefix + f"elsewhere-{index}", b"1", px=60_000)
+    await redis.zadd(queue, {f"free-{index}": 1_000 + index for index in range(5)})
+    sets_before = await _calls(redis, "set")
+    first = await claim_due_jobs(redis, queue, 2, 60.0, READ_WINDOW)
+    second = await claim_due_jobs(redis, queue, 10, 60.0, READ_WINDOW)
+    # Room for 2 claims the 2 oldest free jobs; the next poll claims the rest, never the same.
+    assert first == [("free-0", 1_000), ("free-1", 1_001)]
+    assert second == [(f"free-{index}", 1_000 + index) for index in range(2, 5)]
+    # One SET per claimed job, none for the 300 running ones (MGET reads their keys).
+    assert await _calls(redis, "set") - sets_before == 5
+    assert await claim_due_jobs(redis, queue, 10, 60.0, READ_WINDOW) == []
