@@ -39,20 +39,19 @@ def refused_by(engine: str) -> tuple[str, ...]:
     return _REFUSED.get(engine, ())
 
 
-def first_refused(values: Mapping[str, object], refused: Iterable[str]) -> str | None:
-    """The first of ``refused`` that ``values`` sets to something other than its neutral value."""
+def first_refused(params: object, refused: Iterable[str]) -> str | None:
+    """The first of ``refused`` that ``params`` (a request's spec or resolved parameters, read by
+    attribute) sets to something other than its neutral value."""
     for name in refused:
-        value = values.get(name)
+        value = getattr(params, name, None)
         if value is not None and value != NEUTRAL.get(name):
             return name
     return None
 
 
-def refuse(
-    values: Mapping[str, object], refused: Iterable[str], engine: str, model: str | None = None
-) -> None:
-    """Raise a 400 naming the first parameter in ``values`` that ``engine`` cannot honour."""
-    name = first_refused(values, refused)
+def refuse(params: object, refused: Iterable[str], engine: str, model: str | None = None) -> None:
+    """Raise a 400 naming the first parameter in ``params`` that ``engine`` cannot honour."""
+    name = first_refused(params, refused)
     if name is not None:
         serving = f"the model `{model}`" if model else "this model"
         raise InvalidRequest(

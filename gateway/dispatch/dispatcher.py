@@ -290,7 +290,7 @@ async def require_live(pools: GroupPools, model: str, sampling: SamplingSpec | N
     availability, info = await registry.model_availability(pools.for_model(model), model)
     if info is not None:
         if sampling is not None:
-            engines.refuse(sampling.model_dump(), info.refuses, info.engine, info.model)
+            engines.refuse(sampling, info.refuses, info.engine, info.model)
         return info.model
     if availability is registry.ModelAvailability.UNKNOWN:
         raise unknown_model(model, registry.served_names(await pools.live_workers()))

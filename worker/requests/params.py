@@ -121,9 +121,7 @@ def build_engine_request(
     params = to_sampling_params(spec)
     check_params(params, limits)
     # Resolved values: a server default or the model's generation config may ask it too.
-    engines.refuse(
-        {name: getattr(params, name) for name in limits.engine_refuses}, limits.engine_refuses, limits.engine
-    )
+    engines.refuse(params, limits.engine_refuses, limits.engine)
     fallback_max_tokens = merge_specs(defaults.server, defaults.model).max_tokens
     max_new_tokens = resolve_max_tokens(
         request.max_tokens, fallback_max_tokens, len(prompt_token_ids), limits

@@ -17,7 +17,6 @@ own scheduler statistics (``SchedulerCounts``).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from typing import Any
 
@@ -111,9 +110,7 @@ class VllmEngine:
             request = self._requests.get(output.request_id)
             if request is None:  # aborted while the core was computing it
                 continue
-            update = update_of(output, request)
-            if output.request_id in self._started:
-                update = dataclasses.replace(update, cached_prompt_tokens=None)
+            update = update_of(output, request, first=output.request_id not in self._started)
             self._started.add(output.request_id)
             if output.finished:
                 del self._requests[output.request_id]

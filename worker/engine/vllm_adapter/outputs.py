@@ -18,8 +18,9 @@ from worker.engine import EngineRequest, SequenceUpdate, TokenScore
 _FINISH = {"stop": FinishReason.STOP, "length": FinishReason.LENGTH}
 
 
-def update_of(output: Any, request: EngineRequest) -> SequenceUpdate:
-    """One request's delta (``RequestOutputKind.DELTA``) as the driver's update."""
+def update_of(output: Any, request: EngineRequest, first: bool = True) -> SequenceUpdate:
+    """One request's delta (``RequestOutputKind.DELTA``) as the driver's update; ``first`` for
+    the request's first delta, the one that reports its prefix-cache hits."""
     (completion,) = output.outputs
     token_ids = tuple(completion.token_ids)
     logprobs = None
@@ -38,8 +39,8 @@ def update_of(output: Any, request: EngineRequest) -> SequenceUpdate:
         finish,
         logprobs=logprobs,
         prompt_logprobs=prompt_logprobs,
-        # Set on a request's first delta only (later ones repeat it: ``VllmEngine`` keeps the first).
-        cached_prompt_tokens=getattr(output, "num_cached_tokens", None),
+        # Later deltas repeat it: reported once.
+        cached_prompt_tokens=getattr(output, "num_cached_tokens", None) if first else None,
     )
 
 
