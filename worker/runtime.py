@@ -30,6 +30,7 @@ from worker.driver.engine_driver import DEFAULT_TUNING, DriverTuning, EngineDriv
 from worker.driver.lifecycle import JobLifecycle, Preparer
 from worker.metrics import MetricsServer, WorkerMetrics
 from worker.model.backend import Backend, load_backend
+from worker.model.compute_thread import compute_executor
 from worker.model.warmup import warm_up
 from worker.probes import Probes
 from worker.queue.consumer import QueueWorker
@@ -132,7 +133,9 @@ async def build_runtime(
     probes = Probes(worker_id)
     port = settings.metrics_port  # bound before the model loads: a busy port fails at once
     metrics_server = None if port is None else metrics.serve(port, settings.metrics_host, probes)
-    backend = await asyncio.to_thread(_load_and_warm_up, settings, metrics.grammar_compile_seconds.observe)
+    backend = await asyncio.get_running_loop().run_in_executor(
+        compute_executor(), _load_and_warm_up, settings, metrics.grammar_compile_seconds.observe
+    )
     redis = async_client(settings.model_redis_url)
     writer = EventWriter(redis)
     pool = interactive.pool

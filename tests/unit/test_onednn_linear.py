@@ -1,4 +1,4 @@
-"""oneDNN packed Linear layers compute what nn.Linear does; only plain float32 CPU Linears are swapped."""
+"""oneDNN packed Linear layers compute what nn.Linear does; only plain fp32/bf16 CPU Linears are swapped."""
 
 from __future__ import annotations
 
@@ -33,6 +33,20 @@ def test_packed_layers_give_the_same_outputs_for_2d_and_3d_inputs() -> None:
         torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-5)
 
 
-def test_only_float32_models_on_cpu_are_packed() -> None:
-    assert not can_pack(_model().to(torch.bfloat16))
+def test_bfloat16_layers_are_packed_where_onednn_runs_bf16() -> None:
+    model = _model().to(torch.bfloat16)
+    assert can_pack(model) == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if not can_pack(model):
+        return
+    x = torch.randn(6, 16, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        expected = model(x)
+        pack_linear_layers(model)
+        got = model(x)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, expected, rtol=2e-2, atol=2e-2)
+
+
+def test_only_float32_and_bfloat16_models_on_cpu_are_packed() -> None:
+    assert not can_pack(_model().to(torch.float16))
     assert not can_pack(nn.Sequential(nn.SiLU()))  # no parameters at all

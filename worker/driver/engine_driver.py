@@ -1,10 +1,11 @@
 """Owns the async side of the engine: feeding it jobs, stepping it off the event loop, publishing events.
 
-Concurrency model: one dedicated thread runs ``engine.step()``; everything else
-(starting jobs, aborts, event routing, Redis I/O) happens on the event loop. The
-engine is touched only between steps: job coroutines put adds and aborts in an
-inbox that the loop applies before the next step, so no lock is needed and the
-engine stays single-threaded. A step's events go to Redis in one round trip per lane,
+Concurrency model: one dedicated thread runs every engine call (``step()``, and the
+adds and aborts between steps: ``worker/model/compute_thread.py`` says why torch must
+stay on one thread); everything else (starting jobs, event routing, Redis I/O)
+happens on the event loop. The engine is touched only between steps: job coroutines
+put adds and aborts in an inbox that is applied before the next step, so no lock is
+needed and the engine stays single-threaded. A step's events go to Redis in one round trip per lane,
 and a request's coroutine is released only after its terminal event is stored.
 Which engine sequence belongs to which request and choice, and turning a step's
 updates into events (batch-lane ones held and published merged), is
@@ -24,7 +25,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
@@ -39,6 +39,7 @@ from worker.driver.lifecycle import JobLifecycle
 from worker.driver.routing import MODEL_FAILED, RequestRouter
 from worker.engine import Engine, EngineRequest, SequenceUpdate, failed_update
 from worker.metrics import WorkerMetrics
+from worker.model.compute_thread import compute_executor
 from worker.queue.backoff import outage_delay
 
 logger = logging.getLogger(__name__)
@@ -84,7 +85,7 @@ class EngineDriver:
         self._requests = RequestRouter(self._post, self._starts, HeldEvents(batch_hold_s))
         self._deferred: list[list[SequenceUpdate]] = []  # batch-lane steps not routed yet, oldest first
         self._wake = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._executor = compute_executor()
 
     @property
     def active_count(self) -> int:
@@ -156,7 +157,9 @@ class EngineDriver:
                 self._requests.interactive_ids()
             ):
                 await self._starts.arrivals(self._tuning.arrival_wait_s)
-            await self._route_and_publish(self._apply_inbox())
+            if self._inbox:
+                inbox, self._inbox = self._inbox, []  # swapped here, on the loop that appends to it
+                await self._route_and_publish(await loop.run_in_executor(self._executor, self._apply, inbox))
             self.metrics.observe_engine(self._engine.stats())
             if not self._engine.has_unfinished():
                 self._wake.clear()
@@ -190,9 +193,8 @@ class EngineDriver:
         for request_id in finished:
             self._requests.release(request_id)
 
-    def _apply_inbox(self) -> list[SequenceUpdate]:
-        """Apply the queued adds and aborts; a ``failed`` update for each request the engine refused."""
-        inbox, self._inbox = self._inbox, []
+    def _apply(self, inbox: list[EngineRequest | str]) -> list[SequenceUpdate]:
+        """Apply queued adds and aborts; a ``failed`` update for each request the engine refused."""
         refused: list[SequenceUpdate] = []
         for item in inbox:
             if isinstance(item, str):
@@ -231,13 +233,17 @@ class EngineDriver:
     async def _fail_all(self) -> None:
         failure = Failed(error=WorkerFailed(MODEL_FAILED).to_info())
         request_ids = self._requests.request_ids()
-        for request_id in request_ids:
-            for engine_id in self._requests.abandon(request_id):
-                self._engine.abort(engine_id)
+        engine_ids = [
+            engine_id for request_id in request_ids for engine_id in self._requests.abandon(request_id)
+        ]
+        await asyncio.get_running_loop().run_in_executor(self._executor, self._abort_all, engine_ids)
         await self._publish([(request_id, failure) for request_id in request_ids])
         for request_id in request_ids:
             self._requests.release(request_id)
 
+    def _abort_all(self, engine_ids: list[str]) -> None:
+        for engine_id in engine_ids:
+            self._engine.abort(engine_id)
+
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
         self._engine.close()
