@@ -52,6 +52,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from worker.engine import EngineRequest, EngineStats, SequenceUpdate, failed_update
+from worker.engine.decode_attention import use_decode_attention
 from worker.engine.isolation import accept_rows, bisect, failing_alone, guarded, sample_rows
 from worker.engine.kv_cache import PaddedKVCache, prefill_layout, single_row_cache, stack_left_padded
 from worker.engine.prefix_cache import PrefixCache, shared_prefixes
@@ -65,6 +66,7 @@ from worker.engine.scheduler import (
 )
 from worker.engine.sequence import Sequence
 from worker.engine.sequential import run_beam_search
+from worker.engine.slot_cache import SlotKVCache
 from worker.engine.token_masks import TokenMasks
 
 logger = logging.getLogger(__name__)
@@ -80,7 +82,10 @@ class TransformersEngine:
         self._prefix_cache = PrefixCache(prefix_cache_tokens)
         self._prefilling: dict[str, Sequence] = {}
         self._rows: list[Sequence] = []  # row i of the cache is self._rows[i]
-        self._kv: PaddedKVCache | None = None
+        self._kv: SlotKVCache | None = None
+        # Decode steps attend through ``decode_attention.py`` where the model allows it; others keep
+        # their attention and get the slot cache's mask as an additive float mask.
+        self._boolean_mask = use_decode_attention(model)
         self._masks = TokenMasks()  # constrained rows' grammars (``request.grammar``), applied per step
 
     def add(self, request: EngineRequest) -> None:
@@ -156,11 +161,10 @@ class TransformersEngine:
         """One forward for every row; when it fails, the rows that fail alone leave and the rest go again."""
         if self._kv is None or not self._rows:
             return []
-        checkpoint = self._kv.checkpoint()
         try:
             logits = self._decode_forward(self._kv)
         except Exception:
-            self._kv.restore(checkpoint)  # the failed forward's half-written column goes
+            self._kv.abandon()  # what the failed forward wrote lies past every row's length
             culprits = failing_alone(self._model, self._kv, self._rows)
             if not culprits:
                 raise  # the whole batch fails, whatever it holds
@@ -169,18 +173,20 @@ class TransformersEngine:
             return [failed_update(request_id) for request_id in culprits] + self._decode()
         return accept_rows(self._rows, sample_rows(self._rows, logits, self._masks))
 
-    def _decode_forward(self, kv: PaddedKVCache) -> torch.Tensor:
+    def _decode_forward(self, kv: SlotKVCache) -> torch.Tensor:
         """The last position's logits ([rows, vocab]) of one more token for every row."""
         input_ids = torch.tensor([[row.token_ids[-1]] for row in self._rows], device=self._device)
-        positions = kv.next_positions()
+        positions, mask = kv.begin_decode()
         output = self._model(
             input_ids=input_ids,
-            attention_mask=kv.grow_mask(),
+            # A 4D mask reaches the attention as it is (transformers builds none).
+            attention_mask=mask if self._boolean_mask else _additive(mask, self._model.dtype),
             position_ids=positions,
-            past_key_values=kv.cache,
+            past_key_values=kv,
             use_cache=True,
             logits_to_keep=1,  # only the last position is sampled; skip the rest of the LM head
         )
+        kv.advance()
         return output.logits[:, -1, :]  # type: ignore[no-any-return]
 
     def _prefill(self, candidates: Iterable[Sequence]) -> list[SequenceUpdate]:
@@ -306,9 +312,8 @@ class TransformersEngine:
     def _join_batch(self, sequences: list[Sequence], cache: PaddedKVCache) -> None:
         """Append prefilled rows; rows that finish on their first token leave again at the step's end."""
         if self._kv is None:
-            self._kv = cache
-        else:
-            self._kv.append(cache)
+            self._kv = SlotKVCache(len(cache.layer_tensors()), self._scheduler.limits.max_batch_size)
+        self._kv.join(cache)
         self._rows.extend(sequences)
 
     def _drop_rows(self, request_ids: set[str]) -> None:
@@ -317,6 +322,12 @@ class TransformersEngine:
             return
         self._rows = [self._rows[index] for index in keep]
         if not keep:
-            self._kv = None
+            self._kv = None  # its storage goes back: an idle worker holds no cache
         elif self._kv is not None:
             self._kv.keep(keep)
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean attention mask as the additive float mask eager attention adds to its scores."""
+    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return additive.masked_fill_(~mask, torch.finfo(dtype).min)

@@ -12,7 +12,7 @@ request in the batch, other tenants' included. Instead:
 * a forward over several new prompts that raises runs again in halves
   (``bisect``), down to the prompt that fails alone; the others run as if it had
   never been there, since a prefill forward writes only into a fresh cache;
-* a decode forward that raises is undone (``PaddedKVCache.restore``), each row is
+* a decode forward that raises is forgotten (``SlotKVCache.abandon``), each row is
   tried alone on a copy of its cache (``decodes_alone``), the rows that fail alone
   leave and the rest decode again (``worker/engine/hf.py``).
 
@@ -30,9 +30,10 @@ import torch
 from transformers import PreTrainedModel
 
 from worker.engine import SequenceUpdate, TokenScore, failed_update
-from worker.engine.kv_cache import PaddedKVCache, single_row_cache
+from worker.engine.kv_cache import single_row_cache
 from worker.engine.sampling import choose_token, score_tokens, trim_score
 from worker.engine.sequence import Sequence
+from worker.engine.slot_cache import SlotKVCache
 from worker.engine.token_masks import TokenMasks
 
 logger = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ def bisect(
     return bisect(run, sequences[:middle]) + bisect(run, sequences[middle:])
 
 
-def failing_alone(model: PreTrainedModel, kv: PaddedKVCache, rows: list[Sequence]) -> set[str]:
+def failing_alone(model: PreTrainedModel, kv: SlotKVCache, rows: list[Sequence]) -> set[str]:
     """The rows of ``kv`` (``rows[i]`` is row i) whose next decode fails in a forward of their own."""
     return {
         row.request_id
@@ -74,11 +75,11 @@ def failing_alone(model: PreTrainedModel, kv: PaddedKVCache, rows: list[Sequence
     }
 
 
-def _decodes_alone(model: PreTrainedModel, kv: PaddedKVCache, row: int, token: int) -> bool:
+def _decodes_alone(model: PreTrainedModel, kv: SlotKVCache, row: int, token: int) -> bool:
     """Whether row ``row`` of ``kv`` decodes ``token`` in a forward of its own, on a copy of its cache."""
     layers = kv.row_kv(row)
     length = int(layers[0][0].shape[1])
-    device = kv.attention_mask.device
+    device = layers[0][0].device
     try:
         model(
             input_ids=torch.tensor([[token]], device=device),

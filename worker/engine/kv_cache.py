@@ -1,53 +1,26 @@
-"""Owns the running batch's KV cache: one left-padded ``DynamicCache`` plus its attention mask.
+"""Owns the prefill batch's KV cache: one left-padded ``DynamicCache`` plus its attention mask.
 
-Choice (measured on a 2-core CPU, SmolLM2-135M fp32, 64 new tokens each):
-one sequence at a time reaches ~12 tok/s, a padded batch of 32 through
-``model.generate`` ~109 tok/s, transformers' paged ``generate_batch`` ~50 tok/s.
-A padded batch is the layout that reaches the ceiling here, so the engine keeps
-the whole running batch in one left-padded cache and does the TGI algebra on it.
-With it, this engine stepped in-process matched the static ``generate`` batch
-(1.04x, 0.99x, 1.08x, 0.97x at 1, 8, 32, 64 requests; ``make bench``, one run)
-and ran 2.05x transformers' ``generate_batch`` at 64. The operations:
-``append`` (a freshly prefilled sequence joins, the shorter side is left-padded),
-``keep`` (finished or aborted rows leave) and a left trim of columns that have
-become padding for every row. Every decode step is then one forward over
-``[batch, 1]`` tokens. Padding costs memory and attention work proportional to
-the length spread in the batch; admission by token budget (``scheduler.py``)
-bounds it. A row may also hold padding in its middle: a prompt prefilled on top
-of a reused prefix (``prefix_cache.py``) sits as [padding, prefix, padding,
-rest] in the group it is prefilled with (``stack_left_padded``); the mask covers
-it, and ``keep`` trims only columns that are padding for every row.
+The prompts whose prefill ends in a step run as one padded forward (``hf.py``):
+row ``i`` is [padding, what it already held, padding, the rest of its prompt]
+(``prefill_layout``, ``stack_left_padded``), the mask marks the real columns, and
+the model fills a ``DynamicCache`` through its public API. What leaves this cache is
+each row's real columns: into the running batch's slots (``slot_cache.SlotKVCache``)
+and into the prefix cache (``row_kv``). Until the slot cache, the running batch lived
+here too, grown by ``torch.cat`` every step.
 
-A forward pass that fails leaves the cache half-written: the layers before the
-failure have appended a column, the mask may have grown. ``checkpoint`` and
-``restore`` undo that exactly and for free: every operation here and the layers'
-own ``update`` replace tensors rather than writing into them, so keeping the
-references taken before the forward is keeping the cache as it was.
-
-Intentional divergence: transformers' cache layers are rewritten in place
-(``layer.keys``/``layer.values``). That is version-specific, so it lives here
-alone; ``DynamicCache`` keeps its public role for the model's forward pass.
+Intentional divergence: transformers' cache layers are read as ``layer.keys`` and
+``layer.values``. That is version-specific, so it lives here alone.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedConfig
 from transformers.cache_utils import DynamicLayer
 
 
-@dataclass(frozen=True, slots=True)
-class CacheCheckpoint:
-    """The tensors a ``PaddedKVCache`` held at one moment (references, not copies)."""
-
-    attention_mask: torch.Tensor
-    layers: list[tuple[torch.Tensor, torch.Tensor]]
-
-
 class PaddedKVCache:
-    """A left-padded batch cache; row ``i`` is the ``i``-th running sequence."""
+    """A left-padded batch cache of prompts prefilled together; row ``i`` is the ``i``-th prompt."""
 
     def __init__(self, cache: DynamicCache, attention_mask: torch.Tensor) -> None:
         self.cache = cache
@@ -70,52 +43,9 @@ class PaddedKVCache:
     def length(self) -> int:
         return int(self.attention_mask.shape[1])
 
-    def next_positions(self) -> torch.Tensor:
-        """Position id of each row's next token: the count of its real tokens so far."""
-        return self.attention_mask.sum(dim=1, keepdim=True)
-
-    def grow_mask(self) -> torch.Tensor:
-        """The mask for a forward that appends one token to every row (kept as the new mask)."""
-        ones = torch.ones(
-            (self.batch_size, 1), dtype=self.attention_mask.dtype, device=self.attention_mask.device
-        )
-        self.attention_mask = torch.cat([self.attention_mask, ones], dim=1)
-        return self.attention_mask
-
-    def append(self, other: PaddedKVCache) -> None:
-        """Add ``other``'s rows after ours, left-padding whichever side is shorter."""
-        length = max(self.length, other.length)
-        mine, theirs = self._padded_layers(length), other._padded_layers(length)
-        for layer, (keys, values), (other_keys, other_values) in zip(
-            self._layers(), mine, theirs, strict=True
-        ):
-            layer.keys = torch.cat([keys, other_keys], dim=0)
-            layer.values = torch.cat([values, other_values], dim=0)
-        self.attention_mask = torch.cat(
-            [_left_pad(self.attention_mask, length, dim=1), _left_pad(other.attention_mask, length, dim=1)],
-            dim=0,
-        )
-
-    def keep(self, rows: list[int]) -> None:
-        """Keep only ``rows`` (in that order), then drop columns that are padding for every row."""
-        index = torch.tensor(rows, dtype=torch.long, device=self.attention_mask.device)
-        self.attention_mask = self.attention_mask.index_select(0, index)
-        start = self._first_used_column()
-        for layer in self._layers():
-            keys, values = _tensors(layer)
-            layer.keys = keys.index_select(0, index)[:, :, start:, :]
-            layer.values = values.index_select(0, index)[:, :, start:, :]
-        self.attention_mask = self.attention_mask[:, start:]
-
-    def checkpoint(self) -> CacheCheckpoint:
-        """What ``restore`` brings back: the cache as it is now."""
-        return CacheCheckpoint(self.attention_mask, [_tensors(layer) for layer in self._layers()])
-
-    def restore(self, checkpoint: CacheCheckpoint) -> None:
-        """Undo whatever happened since ``checkpoint`` (a failed forward's half-written columns)."""
-        self.attention_mask = checkpoint.attention_mask
-        for layer, (keys, values) in zip(self._layers(), checkpoint.layers, strict=True):
-            layer.keys, layer.values = keys, values
+    def layer_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each layer's keys and values, ``[rows, kv_heads, length, head_dim]``."""
+        return [_tensors(layer) for layer in self._layers()]
 
     def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Row ``row``'s KV at its real (mask 1) columns, in order; per layer ``[heads, tokens, dim]``."""
@@ -124,17 +54,6 @@ class PaddedKVCache:
             (keys[row].index_select(1, columns), values[row].index_select(1, columns))
             for keys, values in map(_tensors, self._layers())
         ]
-
-    def _first_used_column(self) -> int:
-        used = self.attention_mask.any(dim=0).nonzero()
-        return int(used[0]) if len(used) else self.length
-
-    def _padded_layers(self, length: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        padded = []
-        for layer in self._layers():
-            keys, values = _tensors(layer)
-            padded.append((_left_pad(keys, length, dim=2), _left_pad(values, length, dim=2)))
-        return padded
 
 
 def single_row_cache(

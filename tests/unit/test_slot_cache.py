@@ -1,0 +1,159 @@
+"""The running batch's slot cache is written in place, keeps each row's KV through joins, leaves and growth,
+and its decode attention computes what sdpa does."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import (
+    DynamicCache,
+    GemmaConfig,
+    GemmaForCausalLM,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from tests.engines import _tiny_config, batched_engine, request, run_to_end, tiny_llama
+from worker.engine.decode_attention import ATTENTION_NAME, decode_attention_forward
+from worker.engine.kv_cache import PaddedKVCache
+from worker.engine.sequential import SequentialEngine
+from worker.engine.slot_cache import SlotKVCache
+
+PROMPTS = {"a": [5, 6, 7], "b": [9, 10, 11, 12, 13, 14, 15, 16, 17], "c": [20]}
+
+
+def test_decode_steps_write_into_the_same_storage() -> None:
+    engine = batched_engine(tiny_llama())
+    for rid, prompt in PROMPTS.items():
+        engine.add(request(rid, prompt, max_new_tokens=30))
+    engine.step()  # prefill: the rows join the slots
+    kv = engine._kv
+    assert kv is not None
+    storage = kv.storage()
+    for _ in range(20):
+        engine.step()
+        assert engine._kv is kv and kv.storage() == storage
+    # Each decode step caches the token sampled before it: the prompt plus 20 (prefill groups reorder rows).
+    assert sorted(kv.lengths) == sorted(len(prompt) + 20 for prompt in PROMPTS.values())
+
+
+def test_the_model_attends_through_the_decode_attention() -> None:
+    model = tiny_llama()
+    batched_engine(model)
+    assert model.config._attn_implementation == ATTENTION_NAME
+
+
+def _padded(rows: list[list[int]], layers: int = 2, heads: int = 2, dim: int = 4) -> PaddedKVCache:
+    """A prefill batch whose row ``i`` is real where ``rows[i]`` is 1, with distinct values everywhere."""
+    mask = torch.tensor(rows)
+    cache = DynamicCache()
+    for layer in range(layers):
+        shape = (len(rows), heads, mask.shape[1], dim)
+        keys = torch.arange(torch.Size(shape).numel(), dtype=torch.float32).reshape(shape) + 1000 * layer
+        cache.update(keys, -keys, layer)
+    return PaddedKVCache(cache, mask)
+
+
+def _assert_rows_equal(slots: SlotKVCache, row: int, padded: PaddedKVCache, padded_row: int) -> None:
+    for (keys, values), (want_keys, want_values) in zip(
+        slots.row_kv(row), padded.row_kv(padded_row), strict=True
+    ):
+        assert torch.equal(keys, want_keys) and torch.equal(values, want_values)
+
+
+def test_joining_rows_keeps_their_real_columns_only() -> None:
+    # The middle row is [padding, prefix, padding, rest], as a prompt on a reused prefix is.
+    padded = _padded([[1, 1, 1, 1, 1], [0, 1, 1, 0, 1], [0, 0, 0, 1, 1]])
+    slots = SlotKVCache(num_layers=2, max_rows=8)
+    slots.join(padded)
+    assert slots.lengths == [5, 3, 2]
+    for row in range(3):
+        _assert_rows_equal(slots, row, padded, row)
+
+
+def test_rows_survive_growth_and_leaving_rows() -> None:
+    first, second = _padded([[1, 1, 1], [0, 1, 1]]), _padded([[1, 1, 1, 1]])
+    slots = SlotKVCache(num_layers=2, max_rows=8)
+    slots.join(first)
+    before = slots.storage()
+    slots._reserve(rows=5, columns=600)  # more rows and columns than held: the storage grows
+    assert slots.storage() != before and slots.capacity >= 600 and slots.slot_count >= 5
+    slots.join(second)
+    slots.keep([2, 0])  # the second row leaves; the others move down, in this order
+    assert slots.lengths == [4, 3]
+    _assert_rows_equal(slots, 0, second, 0)
+    _assert_rows_equal(slots, 1, first, 0)
+
+
+def _reference(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query.float(), key.float(), value.float(), attn_mask=mask
+    )
+    return output.transpose(1, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 4, 9, 20])
+def test_decode_attention_computes_what_sdpa_does(dtype: torch.dtype, rows: int) -> None:
+    torch.manual_seed(rows)
+    columns = 40
+    query = torch.randn(rows, 6, 1, 8, dtype=dtype)
+    key, value = torch.randn(rows, 2, columns, 8, dtype=dtype), torch.randn(rows, 2, columns, 8, dtype=dtype)
+    lengths = torch.randint(1, columns + 1, (rows,))
+    mask = (torch.arange(columns)[None, :] < lengths[:, None])[:, None, None, :]
+    output, weights = decode_attention_forward(torch.nn.Module(), query, key, value, mask)
+    assert weights is None and output.shape == (rows, 1, 6, 8) and output.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(
+        output.float(), _reference(query, key, value, mask), atol=tolerance, rtol=tolerance
+    )
+
+
+def test_a_model_on_another_attention_keeps_it_and_decodes_the_same() -> None:
+    torch.manual_seed(0)
+    eager = LlamaForCausalLM._from_config(_tiny_config(), attn_implementation="eager").eval()
+    eager.load_state_dict(tiny_llama().state_dict())
+    requests = [request(rid, prompt) for rid, prompt in PROMPTS.items()]
+    engine = batched_engine(eager)
+    assert eager.config._attn_implementation == "eager"  # left alone: the slot mask goes in as floats
+    assert run_to_end(engine, requests) == run_to_end(
+        SequentialEngine(tiny_llama(), max_batch_size=8), requests
+    )
+
+
+def _tiny(kind: str) -> PreTrainedModel:
+    torch.manual_seed(0)
+    common = {"vocab_size": 128, "num_hidden_layers": 2, "max_position_embeddings": 256}
+    if kind == "gpt2":
+        return GPT2LMHeadModel(
+            GPT2Config(n_embd=32, n_head=4, n_positions=256, vocab_size=128, n_layer=2)
+        ).eval()
+    if kind == "qwen2":
+        config = Qwen2Config(
+            hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2, **common
+        )
+        return Qwen2ForCausalLM(config).eval()
+    config = GemmaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=8,
+        **common,
+    )
+    return GemmaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("kind", ["gpt2", "qwen2", "gemma"])
+def test_other_architectures_decode_in_slots_as_generate_does(kind: str) -> None:
+    requests = [request(rid, prompt) for rid, prompt in PROMPTS.items()]
+    expected = run_to_end(SequentialEngine(_tiny(kind), max_batch_size=8), requests)
+    assert run_to_end(batched_engine(_tiny(kind)), requests) == expected
