@@ -2,16 +2,33 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from tests.engines import request
 from worker.engine.scheduler import BatchLimits, PrefillChunk, Scheduler, group_by_length
 
 
 def test_admission_is_fifo_and_never_skips_the_head() -> None:
     scheduler = Scheduler(BatchLimits(max_batch_size=8, max_batch_tokens=40))
-    scheduler.add(request("big", list(range(10)), max_new_tokens=20))  # final length 30
+    scheduler.add(request("big", list(range(24)), max_new_tokens=20))  # holds 25 at its first decode
     scheduler.add(request("small", [1], max_new_tokens=1))
-    assert [r.request_id for r in scheduler.admit([10])] == []  # 2 x 30 > 40: the head waits, so does small
+    assert [r.request_id for r in scheduler.admit([10])] == []  # 2 x 25 > 40: the head waits, so does small
     assert [r.request_id for r in scheduler.admit([])] == ["big"]
+
+
+def test_admission_counts_what_sequences_hold_not_their_final_length() -> None:
+    scheduler = Scheduler(BatchLimits(max_batch_size=8, max_batch_tokens=40))
+    for rid in "abc":  # each may reach 4 + 1000 positions, but holds 5 at its first decode
+        scheduler.add(request(rid, [1, 2, 3, 4], max_new_tokens=1000))
+    assert [r.request_id for r in scheduler.admit([8])] == ["a", "b", "c"]  # 4 rows x 8 <= 40
+
+
+def test_a_resumption_goes_first_among_its_priority() -> None:
+    scheduler = Scheduler(BatchLimits())
+    scheduler.add(replace(request("urgent", [1]), priority=0))
+    scheduler.add(replace(request("later", [1]), priority=1))
+    scheduler.resume(replace(request("preempted", [1, 2, 3]), priority=1))
+    assert [r.request_id for r in scheduler.waiting] == ["urgent", "preempted", "later"]
 
 
 def test_batch_size_caps_admission() -> None:

@@ -72,7 +72,8 @@ class EngineRequest:
     # The same for every prompt token (needs the prefill's logits at all positions).
     prompt_logprobs: int | None = None
     # How many of ``prompt_token_ids``' last tokens this request generated in an earlier run
-    # that died (a takeover): they count as output for max/min tokens and penalties.
+    # that died (a takeover) or that the engine preempted: they count as output for max/min
+    # tokens and penalties.
     resumed_tokens: int = 0
     # Lower runs first: interactive requests (0) are admitted and prefilled before batch ones (1).
     priority: int = 0
@@ -134,7 +135,7 @@ class EngineStats:
 
     running: int  # sequences in the batch, prefilling ones included
     waiting: int  # added, not admitted yet
-    kv_reserved_tokens: int = 0  # cache positions the running sequences may reach
+    kv_reserved_tokens: int = 0  # cache positions the running sequences take from the budget now
     kv_capacity_tokens: int = 0  # the budget they are admitted against; 0: none (no shared cache)
     prefix_cache_hit_tokens: int = 0  # prompt tokens served from the prefix cache so far (cumulative)
     grammar_mask_seconds: float = 0.0  # time spent filling and applying grammar masks so far (cumulative)

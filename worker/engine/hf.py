@@ -44,6 +44,7 @@ can differ in the last bits from recomputing it. Intentional divergences:
 
 from __future__ import annotations
 
+import itertools
 import logging
 from collections.abc import Iterable
 from functools import partial
@@ -60,11 +61,10 @@ from worker.engine.scheduler import (
     BatchLimits,
     PrefillChunk,
     Scheduler,
-    final_length,
     group_by_length,
     reserved_tokens,
 )
-from worker.engine.sequence import Sequence
+from worker.engine.sequence import Sequence, resumption_of
 from worker.engine.sequential import run_beam_search
 from worker.engine.slot_cache import SlotKVCache
 from worker.engine.token_masks import TokenMasks
@@ -86,12 +86,15 @@ class TransformersEngine:
         # Decode steps attend through ``decode_attention.py`` where the model allows it; others keep
         # their attention and get the slot cache's mask as an additive float mask.
         self._boolean_mask = use_decode_attention(model)
+        self._admissions = itertools.count()  # admission order: the newest row is preempted first
+        self._generators: dict[str, torch.Generator | None] = {}  # preempted rows' generators, kept
         self._masks = TokenMasks()  # constrained rows' grammars (``request.grammar``), applied per step
 
     def add(self, request: EngineRequest) -> None:
         self._scheduler.add(request)
 
     def abort(self, request_id: str) -> None:
+        self._generators.pop(request_id, None)
         if self._scheduler.remove(request_id) or self._prefilling.pop(request_id, None) is not None:
             return
         self._drop_rows({request_id})
@@ -104,7 +107,7 @@ class TransformersEngine:
         return EngineStats(
             running=len(admitted),
             waiting=len(self._scheduler.waiting),
-            kv_reserved_tokens=reserved_tokens([final_length(sequence.request) for sequence in admitted]),
+            kv_reserved_tokens=reserved_tokens(self._held_lengths()),
             kv_capacity_tokens=self._scheduler.limits.max_batch_tokens,
             prefix_cache_hit_tokens=self._prefix_cache.hit_tokens,
             grammar_mask_seconds=self._masks.seconds,
@@ -114,6 +117,7 @@ class TransformersEngine:
     def close(self) -> None:
         self._scheduler.waiting.clear()
         self._prefilling.clear()
+        self._generators.clear()
         self._rows, self._kv = [], None
 
     @torch.inference_mode()
@@ -121,6 +125,7 @@ class TransformersEngine:
         updates = self._admit()
         urgent = self._urgent_prefill()
         if urgent is None:
+            self._preempt()
             updates += self._decode()
             updates += self._prefill(self._prefilling.values())
         else:  # the rows wait a step: all of them are less urgent than a prompt to prefill
@@ -143,15 +148,37 @@ class TransformersEngine:
             sequence for sequence in self._prefilling.values() if sequence.request.priority == most_urgent
         ]
 
+    def _held_lengths(self, growth: int = 0) -> list[int]:
+        """The cache positions each admitted sequence holds (``growth`` more per running row): its
+        row's tokens, or the prompt it is prefilling."""
+        rows = [length + growth for length in self._kv.lengths] if self._kv is not None else []
+        return rows + [len(sequence.request.prompt_token_ids) for sequence in self._prefilling.values()]
+
+    def _preempt(self) -> None:
+        """Free the least urgent, newest rows until the next decode step fits the cache budget.
+
+        A preempted row leaves the cache and waits at the head of the queue as a resumption
+        (``resumption_of``): its prompt and its tokens so far, prefilled again when it fits, with
+        its own generator and grammar state, so its stream just goes on later (vLLM's recompute).
+        """
+        budget = self._scheduler.limits.max_batch_tokens
+        while len(self._rows) > 1 and reserved_tokens(self._held_lengths(growth=1)) > budget:
+            victim = max(self._rows, key=lambda row: (row.request.priority, row.admitted))
+            logger.info("cache budget reached: preempting %s to resume later", victim.request_id)
+            self._drop_rows({victim.request_id})
+            self._scheduler.resume(resumption_of(victim))
+            self._generators[victim.request_id] = victim.generator
+
     def _admit(self) -> list[SequenceUpdate]:
-        lengths = [final_length(sequence.request) for sequence in (*self._rows, *self._prefilling.values())]
         updates: list[SequenceUpdate] = []
-        for request in self._scheduler.admit(lengths):
+        for request in self._scheduler.admit(self._held_lengths(growth=1)):
             if request.sampling.num_beams > 1:
                 updates.append(guarded(request.request_id, partial(run_beam_search, self._model, request)))
                 continue
             try:
-                self._prefilling[request.request_id] = Sequence.start(request, self._device)
+                generator = self._generators.pop(request.request_id, None)  # a resumption's own
+                sequence = Sequence.start(request, self._device, generator, admitted=next(self._admissions))
+                self._prefilling[request.request_id] = sequence
             except Exception:
                 logger.exception("sequence %s could not start; failing it alone", request.request_id)
                 updates.append(failed_update(request.request_id))

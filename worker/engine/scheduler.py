@@ -1,14 +1,16 @@
 """Owns admission and prefill planning for the batched engine: pure bookkeeping, no torch.
 
 Admission is FIFO and limited twice: by ``max_batch_size`` rows and by
-``max_batch_tokens``, the padded cache size (rows x longest row) the batch can
-reach. Each row is counted at its final length (prompt plus max new tokens), as
-TGI's router does, so the cache never outgrows the budget and nothing needs to
-be preempted; the price is that requests without ``max_tokens`` (which default
-to the rest of the context window) reserve a lot. The head of the queue is never
-skipped (no starvation), and a lone request is always admitted even when it
-alone exceeds the budget, so nothing waits forever. Requests that do not fit
-wait in the queue; they never fail.
+``max_batch_tokens``, the cache the batch holds: rows x the longest row, as the
+slot cache stores them (``slot_cache.py``). Each sequence counts with what it holds
+now (a new one with its prompt and first token), not its final length: requests
+without ``max_tokens`` (which default to the rest of the context window) used to
+reserve that much, as TGI's router does, and kept others waiting for memory they
+would never use. When growing rows outgrow the budget, the engine preempts the
+least urgent, newest row and resumes it later (``hf.py``, ``_preempt``), as vLLM
+does. The head of the queue is never skipped (no starvation), and a lone request
+is always admitted even when it alone exceeds the budget, so nothing waits
+forever. Requests that do not fit wait in the queue; they never fail.
 
 Prefill is chunked: each step spends at most ``max_prefill_tokens`` on prompts,
 so a long prompt delays the decoding batch by one chunk per step, not by its
@@ -74,9 +76,14 @@ def final_length(request: EngineRequest) -> int:
     return output_start(request) + request.max_new_tokens
 
 
-def reserved_tokens(final_lengths: list[int]) -> int:
-    """The padded cache rows reaching ``final_lengths`` may grow to: rows x the longest."""
-    return len(final_lengths) * max(final_lengths, default=0)
+def first_length(request: EngineRequest) -> int:
+    """The cache positions a request holds at its first decode step: its prompt and one token."""
+    return len(request.prompt_token_ids) + 1
+
+
+def reserved_tokens(lengths: list[int]) -> int:
+    """What rows of ``lengths`` take from the budget: rows x the longest (a slot is as long as that)."""
+    return len(lengths) * max(lengths, default=0)
 
 
 def queue_by_priority(waiting: deque[EngineRequest], request: EngineRequest) -> None:
@@ -103,14 +110,21 @@ class Scheduler:
         self.waiting = deque(request for request in self.waiting if request.request_id != request_id)
         return len(self.waiting) != before
 
-    def admit(self, final_lengths: list[int]) -> list[EngineRequest]:
-        """Pop the waiting requests that fit beside rows that will reach ``final_lengths``."""
+    def resume(self, request: EngineRequest) -> None:
+        """Queue a preempted sequence's resumption first among its priority: it was admitted before."""
+        position = 0
+        while position < len(self.waiting) and self.waiting[position].priority < request.priority:
+            position += 1
+        self.waiting.insert(position, request)
+
+    def admit(self, held: list[int]) -> list[EngineRequest]:
+        """Pop the waiting requests that fit beside sequences holding ``held`` positions each."""
         admitted: list[EngineRequest] = []
-        lengths = list(final_lengths)
-        while self.waiting and self._fits(lengths, final_length(self.waiting[0])):
+        lengths = list(held)
+        while self.waiting and self._fits(lengths, first_length(self.waiting[0])):
             request = self.waiting.popleft()
             admitted.append(request)
-            lengths.append(final_length(request))
+            lengths.append(first_length(request))
         return admitted
 
     def _fits(self, lengths: list[int], length: int) -> bool:

@@ -10,7 +10,7 @@ max_tokens stays ``length``: the output is then incomplete, and says so.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList
@@ -32,17 +32,26 @@ class Sequence:
     prefill_cache: DynamicCache | None = field(default=None, repr=False)
     prompt_scores: list[TokenScore] = field(default_factory=list, repr=False)
     gate: ReasoningGate | None = field(default=None, repr=False)
+    admitted: int = 0  # admission order in the engine (preemption frees the newest first)
 
     @classmethod
-    def start(cls, request: EngineRequest, device: torch.device) -> Sequence:
-        """A sequence about to be prefilled, with its own processors and generator."""
+    def start(
+        cls,
+        request: EngineRequest,
+        device: torch.device,
+        generator: torch.Generator | None = None,
+        admitted: int = 0,
+    ) -> Sequence:
+        """A sequence about to be prefilled, with its own processors and generator (``generator``: a
+        preempted run's, to go on drawing where it stopped)."""
         return cls(
             request=request,
             processors=build_processors(request.sampling, output_start(request), request.eos_token_ids),
-            generator=make_generator(request.sampling, device),
+            generator=generator if generator is not None else make_generator(request.sampling, device),
             token_ids=list(request.prompt_token_ids),
             generated=request.resumed_tokens,
             gate=_start_gate(request),
+            admitted=admitted,
         )
 
     @property
@@ -83,6 +92,19 @@ class Sequence:
         prompt = self.request.prompt_token_ids
         targets = prompt[start + 1 : start + 1 + logits.shape[0]]
         return score_tokens(logits[: len(targets)], targets, self.request.prompt_logprobs or 0)
+
+
+def resumption_of(sequence: Sequence) -> EngineRequest:
+    """The request that goes on where ``sequence`` stopped: its tokens so far as the prompt, the
+    generated ones counted as output (``resumed_tokens``), the prompt's logprobs already sent."""
+    request = sequence.request
+    new = len(sequence.token_ids) - len(request.prompt_token_ids)
+    return replace(
+        request,
+        prompt_token_ids=tuple(sequence.token_ids),
+        resumed_tokens=request.resumed_tokens + new,
+        prompt_logprobs=None if sequence.generated else request.prompt_logprobs,
+    )
 
 
 class GrammarViolation(RuntimeError):
