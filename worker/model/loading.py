@@ -52,11 +52,28 @@ def pick_device(requested: str) -> torch.device:
 
 
 def pick_dtype(requested: str, device: torch.device) -> torch.dtype:
+    """``auto``: bf16 (fp16 without it) on CUDA; on CPU bf16 where the cores run it natively, else fp32.
+
+    Measured on a 2-core EPYC with AVX512_BF16, SmolLM2-135M through the batched engine, with
+    oneDNN-packed Linears in both: a decode step of 1 row took 26 ms in bf16 against 36 in fp32,
+    of 32 rows 69 against 89 ms. vLLM's CPU build chooses the same way. Without those
+    instructions bf16 is emulated and slower than fp32.
+    """
     if requested != "auto":
         return getattr(torch, requested)  # type: ignore[no-any-return]
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
+    return torch.bfloat16 if cpu_runs_bf16() else torch.float32
+
+
+def cpu_runs_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether this CPU has bf16 instructions (AVX512_BF16 or AMX) and torch's oneDNN uses them."""
+    try:
+        flags = set(cpuinfo.read_text().split())
+    except OSError:  # not Linux: no way to tell here, so the safe choice
+        return False
+    has_bf16 = bool(flags & {"avx512_bf16", "amx_bf16"})
+    return has_bf16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def converted_gguf_dir(source: ModelSource, cache_dir: Path) -> Path:
