@@ -1,0 +1,225 @@
+"""Owns sampling a step's rows together: each row's parameters as tensors, a few operations per batch.
+
+The per-row path (``sampling.build_processors``, one transformers processor list per
+row) costs a ``[1, vocab]`` operation per parameter per row plus its Python, every
+step. Here the step's ``[rows, vocab]`` logits go through each parameter once, with
+per-row values as columns of tensors; an all-greedy batch without processors is one
+``argmax`` over float32 logits (on CPU, an argmax over bfloat16 logits costs 4 times
+as much as converting them first).
+
+Semantics are ``build_processors``' to the bit on CPU: the same order (logit_bias,
+repetition penalty over prompt and output, presence/frequency over output only,
+EOS held back until min_new_tokens; then, for sampled rows only, temperature,
+top_k, top_p, min_p) and the same float32 operations, so a row's token does not
+depend on which path took it nor on what shares its batch. A parameter left at its
+neutral value costs nothing: it is applied to the rows that set it only. Two edge
+notes: min_p's "keep the most likely token" is implied (min_p <= 1), and top_k past
+the vocabulary keeps everything, as transformers' clamp does.
+
+Left to the per-row path (``isolation.py``), each row for itself only: rows needing
+a processor this module does not have (no_repeat_ngram_size, typical_p), rows whose
+parameters cannot apply (a bias on an id past the logits), and rows whose
+distribution has no finite, positive mass, where the per-row path raises and fails
+the row alone.
+
+Draws: one uniform per sampled row from its own generator, inverted through its
+cumulative distribution (``sampling.draw_tokens``, as the per-row path draws), so a
+seeded row draws the same token whatever shares the batch and wherever it sits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from worker.engine import SamplingParams, output_start
+from worker.engine.sampling import draw_tokens, uniform_draws
+from worker.engine.sequence import Sequence
+from worker.engine.token_counts import TokenCounts
+
+Warp = Callable[[torch.Tensor], torch.Tensor]
+
+
+def takes_own_path(params: SamplingParams, vocab: int) -> bool:
+    """Whether a row must be sampled alone: a processor this module lacks, or a bias past the logits."""
+    if params.no_repeat_ngram_size > 0 or (not params.is_greedy and params.typical_p < 1.0):
+        return True
+    return any(not 0 <= token < vocab for token, _ in params.logit_bias)
+
+
+class BatchSampler:
+    """Samples the rows of a step together; keeps the penalised rows' token counts between steps."""
+
+    def __init__(self) -> None:
+        self._counts = TokenCounts()
+
+    def choose(self, rows: list[Sequence], logits: torch.Tensor) -> list[int | None]:
+        """Each row's token from its row of ``logits`` ([rows, vocab]); None: sample that row alone.
+
+        The rows must not take their own path (``takes_own_path``).
+        """
+        if all(row.generator is None and not row.needs_context for row in rows):
+            return logits.float().argmax(dim=-1).tolist()
+        scores = self.scores(rows, logits)
+        greedy = [index for index, row in enumerate(rows) if row.request.sampling.is_greedy]
+        sampled = [index for index, row in enumerate(rows) if not row.request.sampling.is_greedy]
+        tokens: list[int | None] = [None] * len(rows)
+        if greedy:
+            for index, token in zip(greedy, _rows(scores, greedy).argmax(dim=-1).tolist(), strict=True):
+                tokens[index] = token
+        if sampled:
+            drawn = _draw([rows[i] for i in sampled], _rows(scores, sampled))
+            for index, token in zip(sampled, drawn, strict=True):
+                tokens[index] = token
+        return tokens
+
+    def scores(self, rows: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        """What each row's own processor list makes of its logits: float32 [rows, vocab]."""
+        scores = logits.float()
+        if scores.data_ptr() == logits.data_ptr():
+            scores = scores.clone()  # the raw logits are scored for logprobs after sampling
+        _add_biases(rows, scores)
+        scores = self._penalise(rows, scores)
+        _hold_eos(rows, scores)
+        sampled = [index for index, row in enumerate(rows) if not row.request.sampling.is_greedy]
+        return _warp(rows, scores, sampled) if sampled else scores
+
+    def _penalise(self, rows: list[Sequence], scores: torch.Tensor) -> torch.Tensor:
+        repeated = [i for i, row in enumerate(rows) if row.request.sampling.repetition_penalty != 1.0]
+        openai = [i for i, row in enumerate(rows) if _has_openai_penalty(row.request.sampling)]
+        if not (repeated or openai):
+            return scores
+        counted = sorted({*repeated, *openai})
+        output, prompt = self._counts.of([rows[i] for i in counted], scores.shape[1], scores.device)
+        position = {index: slot for slot, index in enumerate(counted)}
+        if repeated:
+            slots = _index([position[i] for i in repeated], scores.device)
+            seen = prompt.index_select(0, slots) | (output.index_select(0, slots) > 0)
+            penalties = _column([rows[i].request.sampling.repetition_penalty for i in repeated], scores)
+            scores = _rework(scores, repeated, lambda s: torch.where(seen, _repetition(s, penalties), s))
+        if openai:
+            counts = output.index_select(0, _index([position[i] for i in openai], scores.device))
+            frequency = _column([rows[i].request.sampling.frequency_penalty for i in openai], scores)
+            presence = _column([rows[i].request.sampling.presence_penalty for i in openai], scores)
+            penalty = frequency * counts + presence * (counts > 0).to(scores.dtype)
+            scores = _rework(scores, openai, lambda s: s - penalty)
+        return scores
+
+
+def _has_openai_penalty(params: SamplingParams) -> bool:
+    return bool(params.presence_penalty or params.frequency_penalty)
+
+
+def _repetition(scores: torch.Tensor, penalties: torch.Tensor) -> torch.Tensor:
+    # transformers' rule: a negative logit is multiplied by the penalty, any other divided by it.
+    return torch.where(scores < 0, scores * penalties, scores / penalties)
+
+
+def _add_biases(rows: list[Sequence], scores: torch.Tensor) -> None:
+    entries = [
+        (i, token, bias) for i, row in enumerate(rows) for token, bias in row.request.sampling.logit_bias
+    ]
+    if not entries:
+        return
+    row_ids, tokens, biases = zip(*entries, strict=True)
+    values = torch.tensor(biases, dtype=scores.dtype, device=scores.device)
+    scores.index_put_(
+        (_index(row_ids, scores.device), _index(tokens, scores.device)), values, accumulate=True
+    )
+
+
+def _hold_eos(rows: list[Sequence], scores: torch.Tensor) -> None:
+    """EOS at -inf in the rows that have not generated their min_new_tokens yet."""
+    vocab = scores.shape[1]
+    entries = [
+        (index, eos)
+        for index, row in enumerate(rows)
+        if len(row.token_ids) - output_start(row.request) < row.request.sampling.min_new_tokens
+        for eos in row.request.eos_token_ids
+        if eos < vocab  # transformers masks ids within the logits only
+    ]
+    if entries:
+        row_ids, tokens = zip(*entries, strict=True)
+        hold = torch.tensor(-math.inf, dtype=scores.dtype, device=scores.device)
+        scores.index_put_((_index(row_ids, scores.device), _index(tokens, scores.device)), hold)
+
+
+def _warp(rows: list[Sequence], scores: torch.Tensor, sampled: list[int]) -> torch.Tensor:
+    """Temperature, top_k, top_p then min_p (transformers' warper order), on the sampled rows only."""
+    params = [row.request.sampling for row in rows]
+    temperatures = _column([params[i].temperature for i in sampled], scores)
+    scores = _rework(scores, sampled, lambda s: s / temperatures)
+    top_k = [i for i in sampled if params[i].top_k > 0]
+    if top_k:
+        scores = _rework(scores, top_k, _top_k([min(params[i].top_k, scores.shape[1]) for i in top_k]))
+    top_p = [i for i in sampled if params[i].top_p < 1.0]
+    if top_p:
+        # 1 - top_p in float64 first, as transformers computes it, then compared in float32.
+        scores = _rework(scores, top_p, _top_p(_column([1 - params[i].top_p for i in top_p], scores)))
+    min_p = [i for i in sampled if params[i].min_p > 0.0]
+    if min_p:
+        scores = _rework(scores, min_p, _min_p(_column([params[i].min_p for i in min_p], scores)))
+    return scores
+
+
+def _top_k(ks: list[int]) -> Warp:
+    def warp(scores: torch.Tensor) -> torch.Tensor:
+        kth = scores.topk(max(ks), dim=-1).values.gather(
+            1, _index([k - 1 for k in ks], scores.device)[:, None]
+        )
+        return scores.masked_fill(scores < kth, -math.inf)
+
+    return warp
+
+
+def _top_p(cutoffs: torch.Tensor) -> Warp:
+    def warp(scores: torch.Tensor) -> torch.Tensor:
+        ascending, order = torch.sort(scores, descending=False)
+        drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= cutoffs
+        drop[:, -1] = False  # the most likely token always stays
+        return scores.masked_fill(drop.scatter(1, order, drop), -math.inf)
+
+    return warp
+
+
+def _min_p(minimums: torch.Tensor) -> Warp:
+    def warp(scores: torch.Tensor) -> torch.Tensor:
+        probabilities = scores.softmax(dim=-1)
+        drop = probabilities < minimums * probabilities.amax(dim=-1, keepdim=True)
+        return scores.masked_fill(drop, -math.inf)
+
+    return warp
+
+
+def _draw(rows: list[Sequence], scores: torch.Tensor) -> list[int | None]:
+    """A token per sampled row from its own generator; None for a row without a valid distribution."""
+    generators = [row.generator for row in rows if row.generator is not None]
+    if len(generators) != len(rows):
+        raise RuntimeError("a sampled sequence has no generator")
+    tokens, valid = draw_tokens(torch.softmax(scores, dim=-1), uniform_draws(generators, scores.device))
+    return [int(token) if ok else None for token, ok in zip(tokens.tolist(), valid.tolist(), strict=True)]
+
+
+def _rework(scores: torch.Tensor, rows: list[int], warp: Warp) -> torch.Tensor:
+    """``scores`` with ``rows`` replaced by ``warp`` of them (in place unless they are all the rows)."""
+    if rows == list(range(scores.shape[0])):
+        return warp(scores)
+    index = _index(rows, scores.device)
+    return scores.index_copy_(0, index, warp(scores.index_select(0, index)))
+
+
+def _rows(scores: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    if rows == list(range(scores.shape[0])):
+        return scores
+    return scores.index_select(0, _index(rows, scores.device))
+
+
+def _column(values: list[float], like: torch.Tensor) -> torch.Tensor:
+    """Per-row values as a float32 column, so they broadcast along each row (as a Python scalar would)."""
+    return torch.tensor(values, dtype=like.dtype, device=like.device)[:, None]
+
+
+def _index(values: list[int] | tuple[int, ...], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.long, device=device)
