@@ -6,12 +6,12 @@ import math
 
 import pytest
 import torch
-from transformers import LogitsProcessor
+from transformers import LogitsProcessor, TopPLogitsWarper
 
 from tests.engines import request
 from worker.engine.batch_sampling import BatchSampler, takes_own_path
 from worker.engine.isolation import sample_rows
-from worker.engine.sampling import choose_token
+from worker.engine.sampling import NUCLEUS_CANDIDATES, choose_token, nucleus
 from worker.engine.sequence import Sequence
 
 VOCAB = 1000
@@ -224,3 +224,19 @@ def test_a_row_whose_sampling_raises_fails_alone() -> None:
     choices = sample_rows([rows[0], broken, rows[1], empty, rows[2]], logits)
     assert choices[1] is None and choices[3] is None
     assert [choices[0], choices[2], choices[4]] == expected
+
+
+@pytest.mark.parametrize("top_p", [0.05, 0.5, 0.9, 0.999])
+def test_the_nucleus_keeps_what_transformers_top_p_keeps(top_p: float) -> None:
+    logits = random_logits(16, seed=int(top_p * 1000), dtype=torch.float32)
+    logits[0] = torch.linspace(0, 0.01, VOCAB)  # nearly flat: its nucleus is past the candidates
+    logits[1, :NUCLEUS_CANDIDATES] = 20.0  # ties inside the candidates
+    cutoffs = torch.full((16, 1), top_p)
+    ours = nucleus(logits, cutoffs)
+    theirs = TopPLogitsWarper(top_p)(torch.zeros((16, 1), dtype=torch.long), logits)  # type: ignore[arg-type]
+    others = [0, *range(2, 16)]
+    assert torch.equal(ours[others], theirs[others])
+    # Which of equally likely tokens stays is arbitrary in both; how many stay is not.
+    assert int(ours[1].isfinite().sum()) == int(theirs[1].isfinite().sum())
+    if top_p > NUCLEUS_CANDIDATES / VOCAB:  # the flat row's nucleus is past the candidates: a full sort
+        assert int(ours[0].isfinite().sum()) > NUCLEUS_CANDIDATES

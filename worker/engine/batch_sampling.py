@@ -35,7 +35,7 @@ from collections.abc import Callable
 import torch
 
 from worker.engine import SamplingParams, output_start
-from worker.engine.sampling import draw_tokens, uniform_draws
+from worker.engine.sampling import draw_tokens, nucleus, uniform_draws
 from worker.engine.sequence import Sequence
 from worker.engine.token_counts import TokenCounts
 
@@ -156,8 +156,8 @@ def _warp(rows: list[Sequence], scores: torch.Tensor, sampled: list[int]) -> tor
         scores = _rework(scores, top_k, _top_k([min(params[i].top_k, scores.shape[1]) for i in top_k]))
     top_p = [i for i in sampled if params[i].top_p < 1.0]
     if top_p:
-        # 1 - top_p in float64 first, as transformers computes it, then compared in float32.
-        scores = _rework(scores, top_p, _top_p(_column([1 - params[i].top_p for i in top_p], scores)))
+        cutoffs = _column([params[i].top_p for i in top_p], scores)
+        scores = _rework(scores, top_p, lambda s: nucleus(s, cutoffs))
     min_p = [i for i in sampled if params[i].min_p > 0.0]
     if min_p:
         scores = _rework(scores, min_p, _min_p(_column([params[i].min_p for i in min_p], scores)))
@@ -170,16 +170,6 @@ def _top_k(ks: list[int]) -> Warp:
             1, _index([k - 1 for k in ks], scores.device)[:, None]
         )
         return scores.masked_fill(scores < kth, -math.inf)
-
-    return warp
-
-
-def _top_p(cutoffs: torch.Tensor) -> Warp:
-    def warp(scores: torch.Tensor) -> torch.Tensor:
-        ascending, order = torch.sort(scores, descending=False)
-        drop = ascending.softmax(dim=-1).cumsum(dim=-1) <= cutoffs
-        drop[:, -1] = False  # the most likely token always stays
-        return scores.masked_fill(drop.scatter(1, order, drop), -math.inf)
 
     return warp
 
