@@ -10,6 +10,7 @@ from transformers import LogitsProcessor, TopPLogitsWarper
 
 from tests.engines import request
 from worker.engine.batch_sampling import BatchSampler, takes_own_path
+from worker.engine.draws import draw_tokens
 from worker.engine.isolation import sample_rows
 from worker.engine.sampling import NUCLEUS_CANDIDATES, choose_token, nucleus
 from worker.engine.sequence import Sequence
@@ -240,3 +241,14 @@ def test_the_nucleus_keeps_what_transformers_top_p_keeps(top_p: float) -> None:
     assert int(ours[1].isfinite().sum()) == int(theirs[1].isfinite().sum())
     if top_p > NUCLEUS_CANDIDATES / VOCAB:  # the flat row's nucleus is past the candidates: a full sort
         assert int(ours[0].isfinite().sum()) > NUCLEUS_CANDIDATES
+
+
+def test_a_draw_takes_the_token_at_its_uniforms_quantile_across_blocks() -> None:
+    probabilities = torch.zeros((1, VOCAB))  # 1000 tokens: three whole blocks and a shorter one
+    probabilities[0, [5, 300, 700, 999]] = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    uniforms = torch.tensor([0.0, 0.05, 0.15, 0.35, 0.65, 1 - 2**-53], dtype=torch.float64)
+    tokens, valid = draw_tokens(probabilities.expand(len(uniforms), VOCAB), uniforms)
+    assert tokens.tolist() == [5, 5, 300, 700, 999, 999]
+    assert bool(valid.all())
+    _, valid = draw_tokens(torch.tensor([[float("nan"), 0.5], [0.0, 0.0]]), torch.tensor([0.5, 0.5]))
+    assert valid.tolist() == [False, False]

@@ -23,7 +23,7 @@ distribution has no finite, positive mass, where the per-row path raises and fai
 the row alone.
 
 Draws: one uniform per sampled row from its own generator, inverted through its
-cumulative distribution (``sampling.draw_tokens``, as the per-row path draws), so a
+cumulative distribution (``draws.py``, as the per-row path draws), so a
 seeded row draws the same token whatever shares the batch and wherever it sits.
 """
 
@@ -35,7 +35,8 @@ from collections.abc import Callable
 import torch
 
 from worker.engine import SamplingParams, output_start
-from worker.engine.sampling import draw_tokens, nucleus, uniform_draws
+from worker.engine.draws import draw_tokens, uniform_draws
+from worker.engine.sampling import nucleus
 from worker.engine.sequence import Sequence
 from worker.engine.token_counts import TokenCounts
 
@@ -54,6 +55,7 @@ class BatchSampler:
 
     def __init__(self) -> None:
         self._counts = TokenCounts()
+        self._buffer: torch.Tensor | None = None  # float32 scratch for a step's scores, reused
 
     def choose(self, rows: list[Sequence], logits: torch.Tensor) -> list[int | None]:
         """Each row's token from its row of ``logits`` ([rows, vocab]); None: sample that row alone.
@@ -61,7 +63,7 @@ class BatchSampler:
         The rows must not take their own path (``takes_own_path``).
         """
         if all(row.generator is None and not row.needs_context for row in rows):
-            return logits.float().argmax(dim=-1).tolist()
+            return self._scratch(logits).argmax(dim=-1).tolist()
         scores = self.scores(rows, logits)
         greedy = [index for index, row in enumerate(rows) if row.request.sampling.is_greedy]
         sampled = [index for index, row in enumerate(rows) if not row.request.sampling.is_greedy]
@@ -76,36 +78,74 @@ class BatchSampler:
         return tokens
 
     def scores(self, rows: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
-        """What each row's own processor list makes of its logits: float32 [rows, vocab]."""
-        scores = logits.float()
-        if scores.data_ptr() == logits.data_ptr():
-            scores = scores.clone()  # the raw logits are scored for logprobs after sampling
+        """What each row's own processor list makes of its logits: float32 [rows, vocab].
+
+        It may be this sampler's scratch: valid until its next call.
+        """
+        scores = self._scratch(logits)
         _add_biases(rows, scores)
-        scores = self._penalise(rows, scores)
+        self._penalise(rows, scores)
         _hold_eos(rows, scores)
         sampled = [index for index, row in enumerate(rows) if not row.request.sampling.is_greedy]
         return _warp(rows, scores, sampled) if sampled else scores
 
-    def _penalise(self, rows: list[Sequence], scores: torch.Tensor) -> torch.Tensor:
+    def _scratch(self, logits: torch.Tensor) -> torch.Tensor:
+        """A float32 copy of ``logits`` (left intact: logprobs are scored on them) in a reused buffer.
+
+        Fresh 6 MB tensors per operation (32 rows at 49,152 tokens) cost more in page faults than
+        the operation when glibc hands them back between steps: 10.7 ms against 2.8 ms measured.
+        """
+        rows, vocab = logits.shape
+        buffer = self._buffer
+        if (
+            buffer is None
+            or buffer.shape[0] < rows
+            or buffer.shape[1] != vocab
+            or buffer.device != logits.device
+        ):
+            buffer = self._buffer = torch.empty((rows, vocab), dtype=torch.float32, device=logits.device)
+        return buffer[:rows].copy_(logits)
+
+    def _penalise(self, rows: list[Sequence], scores: torch.Tensor) -> None:
+        """Repetition, then presence and frequency penalties, on the tokens each row has seen only."""
         repeated = [i for i, row in enumerate(rows) if row.request.sampling.repetition_penalty != 1.0]
         openai = [i for i, row in enumerate(rows) if _has_openai_penalty(row.request.sampling)]
         if not (repeated or openai):
-            return scores
+            return
         counted = sorted({*repeated, *openai})
-        output, prompt = self._counts.of([rows[i] for i in counted], scores.shape[1], scores.device)
-        position = {index: slot for slot, index in enumerate(counted)}
+        output, seen = self._counts.of([rows[i] for i in counted], scores.shape[1], scores.device)
+        slot = {index: position for position, index in enumerate(counted)}
         if repeated:
-            slots = _index([position[i] for i in repeated], scores.device)
-            seen = prompt.index_select(0, slots) | (output.index_select(0, slots) > 0)
-            penalties = _column([rows[i].request.sampling.repetition_penalty for i in repeated], scores)
-            scores = _rework(scores, repeated, lambda s: torch.where(seen, _repetition(s, penalties), s))
+            _penalise_repeats(rows, scores, repeated, seen.index_select(0, _slots(slot, repeated, scores)))
         if openai:
-            counts = output.index_select(0, _index([position[i] for i in openai], scores.device))
-            frequency = _column([rows[i].request.sampling.frequency_penalty for i in openai], scores)
-            presence = _column([rows[i].request.sampling.presence_penalty for i in openai], scores)
-            penalty = frequency * counts + presence * (counts > 0).to(scores.dtype)
-            scores = _rework(scores, openai, lambda s: s - penalty)
-        return scores
+            _penalise_openai(rows, scores, openai, output.index_select(0, _slots(slot, openai, scores)))
+
+
+def _slots(slot: dict[int, int], indices: list[int], scores: torch.Tensor) -> torch.Tensor:
+    return _index([slot[index] for index in indices], scores.device)
+
+
+def _penalise_repeats(
+    rows: list[Sequence], scores: torch.Tensor, indices: list[int], seen: torch.Tensor
+) -> None:
+    """Rows ``indices``' repetition penalty on the tokens ``seen`` marks ([len(indices), vocab] bool)."""
+    at, tokens = seen.nonzero(as_tuple=True)
+    penalties = _values([rows[i].request.sampling.repetition_penalty for i in indices], scores)[at]
+    at = _index(indices, scores.device)[at]
+    scores[at, tokens] = _repetition(scores[at, tokens], penalties)
+
+
+def _penalise_openai(
+    rows: list[Sequence], scores: torch.Tensor, indices: list[int], counts: torch.Tensor
+) -> None:
+    """Rows ``indices``' presence and frequency penalties on the tokens ``counts`` counts."""
+    at, tokens = counts.nonzero(as_tuple=True)
+    frequency = _values([rows[i].request.sampling.frequency_penalty for i in indices], scores)[at]
+    presence = _values([rows[i].request.sampling.presence_penalty for i in indices], scores)[at]
+    # The per-row processor's arithmetic, on the tokens it changes (a count of 0 changes nothing).
+    penalty = frequency * counts[at, tokens] + presence * 1.0
+    at = _index(indices, scores.device)[at]
+    scores[at, tokens] = scores[at, tokens] - penalty
 
 
 def _has_openai_penalty(params: SamplingParams) -> bool:
@@ -150,7 +190,7 @@ def _warp(rows: list[Sequence], scores: torch.Tensor, sampled: list[int]) -> tor
     """Temperature, top_k, top_p then min_p (transformers' warper order), on the sampled rows only."""
     params = [row.request.sampling for row in rows]
     temperatures = _column([params[i].temperature for i in sampled], scores)
-    scores = _rework(scores, sampled, lambda s: s / temperatures)
+    scores = _rework(scores, sampled, lambda s: s.div_(temperatures))
     top_k = [i for i in sampled if params[i].top_k > 0]
     if top_k:
         scores = _rework(scores, top_k, _top_k([min(params[i].top_k, scores.shape[1]) for i in top_k]))
@@ -169,7 +209,7 @@ def _top_k(ks: list[int]) -> Warp:
         kth = scores.topk(max(ks), dim=-1).values.gather(
             1, _index([k - 1 for k in ks], scores.device)[:, None]
         )
-        return scores.masked_fill(scores < kth, -math.inf)
+        return scores.masked_fill_(scores < kth, -math.inf)
 
     return warp
 
@@ -178,7 +218,7 @@ def _min_p(minimums: torch.Tensor) -> Warp:
     def warp(scores: torch.Tensor) -> torch.Tensor:
         probabilities = scores.softmax(dim=-1)
         drop = probabilities < minimums * probabilities.amax(dim=-1, keepdim=True)
-        return scores.masked_fill(drop, -math.inf)
+        return scores.masked_fill_(drop, -math.inf)
 
     return warp
 
@@ -193,7 +233,7 @@ def _draw(rows: list[Sequence], scores: torch.Tensor) -> list[int | None]:
 
 
 def _rework(scores: torch.Tensor, rows: list[int], warp: Warp) -> torch.Tensor:
-    """``scores`` with ``rows`` replaced by ``warp`` of them (in place unless they are all the rows)."""
+    """``scores`` with ``rows`` replaced by ``warp`` of them, which may change what it is given."""
     if rows == list(range(scores.shape[0])):
         return warp(scores)
     index = _index(rows, scores.device)
@@ -208,7 +248,11 @@ def _rows(scores: torch.Tensor, rows: list[int]) -> torch.Tensor:
 
 def _column(values: list[float], like: torch.Tensor) -> torch.Tensor:
     """Per-row values as a float32 column, so they broadcast along each row (as a Python scalar would)."""
-    return torch.tensor(values, dtype=like.dtype, device=like.device)[:, None]
+    return _values(values, like)[:, None]
+
+
+def _values(values: list[float], like: torch.Tensor) -> torch.Tensor:
+    return torch.tensor(values, dtype=like.dtype, device=like.device)
 
 
 def _index(values: list[int] | tuple[int, ...], device: torch.device) -> torch.Tensor:

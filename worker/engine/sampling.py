@@ -5,12 +5,8 @@ seeded request draws the same tokens whatever else shares the worker. This is th
 per-row path: ``batch_sampling.py`` applies the same processors to a whole step's
 rows at once and leaves here only the rows it cannot take.
 
-A draw is one uniform from the row's generator, inverted through the cumulative
-distribution (``draw_tokens``), on both paths, so a seeded row draws the same token
-whichever path takes it. Intentional divergence from ``torch.multinomial``, used
-before: for one sample it races one exponential per vocabulary entry (30 ms a step
-for 32 rows at a 49,152-token vocabulary on 2 CPU cores, against about 2 ms for
-the cumulative sums). Seeded outputs changed with it, once.
+Both paths draw the same way (``draws.py``), so a seeded row draws the same token
+whichever path takes it.
 
 Logprobs are scored on the raw logits (log-softmax before penalties, biases and
 warpers), as vLLM does by default: they say what the model thinks, whatever the
@@ -37,6 +33,7 @@ from transformers import (
 )
 
 from worker.engine import SamplingParams, TokenScore
+from worker.engine.draws import draw_tokens, uniform_draws
 
 # How many of a row's most likely tokens top_p looks at before it sorts the whole vocabulary.
 NUCLEUS_CANDIDATES = 256
@@ -177,30 +174,6 @@ def choose_token(
     if not bool(valid[0]):
         raise ValueError("the sampling distribution has no finite, positive mass")
     return int(tokens[0].item())
-
-
-def uniform_draws(generators: Sequence[torch.Generator], device: torch.device) -> torch.Tensor:
-    """One uniform in [0, 1) from each generator, as a float64 tensor on ``device``."""
-    draws = [torch.rand(1, generator=g, device=g.device, dtype=torch.float64) for g in generators]
-    return torch.cat(draws).to(device)
-
-
-def draw_tokens(probabilities: torch.Tensor, uniforms: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row i's token at quantile ``uniforms[i]`` of its distribution ([rows, vocab]), and which rows had one.
-
-    A row is valid when its mass is finite and positive (``torch.multinomial`` refuses the others).
-    """
-    cumulative = probabilities.cumsum(dim=-1, dtype=torch.float64)
-    totals = cumulative[:, -1:]
-    valid = (totals.isfinite() & (totals > 0)).squeeze(1)
-    # The first token whose cumulative mass passes the target: tokens without mass are never it.
-    tokens = torch.searchsorted(cumulative, uniforms.unsqueeze(1) * totals, right=True).squeeze(1)
-    vocab = probabilities.shape[-1]
-    past_the_end = tokens >= vocab
-    if bool(past_the_end.any()):  # u * total rounded up to the total: the last token with mass
-        last = vocab - 1 - (probabilities > 0).flip(-1).to(torch.uint8).argmax(dim=-1)
-        tokens = torch.where(past_the_end, last, tokens)
-    return tokens, valid
 
 
 def score_tokens(logits: torch.Tensor, chosen: Sequence[int], top: int) -> list[TokenScore]:

@@ -1,7 +1,7 @@
 """Owns the penalised rows' token counts across steps, kept as tensors and updated with each new token.
 
 Repetition, presence and frequency penalties need, per row, which tokens its prompt
-holds and how often each came out since. Rebuilding that from every row's history
+or output holds and how often each came out of it. Rebuilding that from every row's history
 each step turns thousands of Python ints into a tensor per step; instead the counts
 live in ``[rows, vocab + 1]`` tensors, one pair per batch composition, and a step
 only adds the tokens accepted since the last one (one ``index_put_`` for the batch).
@@ -30,7 +30,7 @@ class _Counts:
     rows: tuple[Sequence, ...]
     counted: list[int]  # how many of each row's token ids are in ``output`` or ``prompt``
     output: torch.Tensor  # [rows, vocab + 1] float32: times each token came out of the row
-    prompt: torch.Tensor  # [rows, vocab + 1] bool: whether the row's prompt holds each token
+    seen: torch.Tensor  # [rows, vocab + 1] bool: whether the row's prompt or output holds each token
     positions: dict[int, int] = field(default_factory=dict)  # id(row) -> its index in ``rows``
 
     def position(self, row: Sequence) -> int | None:
@@ -45,13 +45,13 @@ class TokenCounts:
         self._kept: list[_Counts] = []  # most recently used first
 
     def of(self, rows: list[Sequence], vocab: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        """``rows``' output counts ([rows, vocab] float32) and prompt presence ([rows, vocab] bool)."""
+        """``rows``' output counts ([rows, vocab] float32) and tokens in their prompt or output (bool)."""
         counts = self._find(rows, vocab, device) or self._compose(rows, vocab, device)
         # Out of the kept ones while it changes: a failure leaves nothing half-counted behind.
         self._kept = [kept for kept in self._kept if kept is not counts]
         _count_new_tokens(counts, vocab)
         self._kept = [counts, *self._kept][:KEPT_COMPOSITIONS]
-        return counts.output[:, :vocab], counts.prompt[:, :vocab]
+        return counts.output[:, :vocab], counts.seen[:, :vocab]
 
     def _find(self, rows: list[Sequence], vocab: int, device: torch.device) -> _Counts | None:
         for counts in self._kept:
@@ -68,7 +68,7 @@ class TokenCounts:
             rows=tuple(rows),
             counted=[0] * len(rows),
             output=torch.zeros((len(rows), vocab + 1), dtype=torch.float32, device=device),
-            prompt=torch.zeros((len(rows), vocab + 1), dtype=torch.bool, device=device),
+            seen=torch.zeros((len(rows), vocab + 1), dtype=torch.bool, device=device),
             positions={id(row): index for index, row in enumerate(rows)},
         )
         fresh = []
@@ -84,7 +84,7 @@ class TokenCounts:
             if position is None or kept.output.shape[1] != into.output.shape[1]:
                 continue
             into.output[index] = kept.output[position]
-            into.prompt[index] = kept.prompt[position]
+            into.seen[index] = kept.seen[position]
             into.counted[index] = kept.counted[position]
             return True
         return False
@@ -101,9 +101,9 @@ def _mark_prompts(counts: _Counts, fresh: list[int], vocab: int) -> None:
         tokens += prompt
         counts.counted[index] = len(prompt)
     if tokens:
-        device = counts.prompt.device
+        device = counts.seen.device
         ids = torch.tensor(tokens, device=device).clamp_(max=vocab)
-        counts.prompt.index_put_((torch.tensor(rows, device=device), ids), torch.tensor(True, device=device))
+        counts.seen.index_put_((torch.tensor(rows, device=device), ids), torch.tensor(True, device=device))
 
 
 def _count_new_tokens(counts: _Counts, vocab: int) -> None:
@@ -118,5 +118,7 @@ def _count_new_tokens(counts: _Counts, vocab: int) -> None:
         device = counts.output.device
         ids = torch.tensor(tokens, device=device).clamp_(max=vocab)
         ones = torch.ones(len(tokens), dtype=torch.float32, device=device)
-        counts.output.index_put_((torch.tensor(rows, device=device), ids), ones, accumulate=True)
+        positions = (torch.tensor(rows, device=device), ids)
+        counts.output.index_put_(positions, ones, accumulate=True)
+        counts.seen.index_put_(positions, torch.tensor(True, device=device))
     counts.counted = [len(row.token_ids) for row in counts.rows]
