@@ -5,16 +5,22 @@ row) costs a ``[1, vocab]`` operation per parameter per row plus its Python, eve
 step. Here the step's ``[rows, vocab]`` logits go through each parameter once, with
 per-row values as columns of tensors; an all-greedy batch without processors is one
 ``argmax`` over float32 logits (on CPU, an argmax over bfloat16 logits costs 4 times
-as much as converting them first).
+as much as converting them first). Measured for 32 rows at 49,152 tokens on one
+core, per step: greedy 5.6 -> 1.5 ms; temperature 42 -> 1.7 ms; temperature, top_k
+and the three penalties 57 -> 11 ms; the same with top_p instead of top_k 155 -> 19 ms.
 
 Semantics are ``build_processors``' to the bit on CPU: the same order (logit_bias,
 repetition penalty over prompt and output, presence/frequency over output only,
 EOS held back until min_new_tokens; then, for sampled rows only, temperature,
-top_k, top_p, min_p) and the same float32 operations, so a row's token does not
-depend on which path took it nor on what shares its batch. A parameter left at its
-neutral value costs nothing: it is applied to the rows that set it only. Two edge
-notes: min_p's "keep the most likely token" is implied (min_p <= 1), and top_k past
-the vocabulary keeps everything, as transformers' clamp does.
+top_k, top_p, min_p), the same float32 operations, the same top_p rule
+(``sampling.nucleus``), so a row's token does not depend on which path took it nor
+on what shares its batch. (On CUDA, a division by a Python scalar may round
+differently from one by a tensor: there the two paths agree within float rounding.)
+A parameter left at its neutral value costs nothing: it is applied to the rows that
+set it only, and the penalties touch only the tokens a row has seen, counted across
+steps (``token_counts.py``). Two edge notes: min_p's "keep the most likely token" is
+implied (min_p <= 1), and top_k past the vocabulary keeps everything, as
+transformers' clamp does.
 
 Left to the per-row path (``isolation.py``), each row for itself only: rows needing
 a processor this module does not have (no_repeat_ngram_size, typical_p), rows whose
@@ -23,8 +29,8 @@ distribution has no finite, positive mass, where the per-row path raises and fai
 the row alone.
 
 Draws: one uniform per sampled row from its own generator, inverted through its
-cumulative distribution (``draws.py``, as the per-row path draws), so a
-seeded row draws the same token whatever shares the batch and wherever it sits.
+cumulative distribution (``draws.py``, as the per-row path draws), so a seeded row
+draws the same token whatever shares the batch and wherever it sits.
 """
 
 from __future__ import annotations

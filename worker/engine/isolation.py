@@ -163,11 +163,7 @@ def _choose_rows(
     ]
     chosen = _choose_together(rows, logits, constrained, together, sampler)
     return [
-        None
-        if index in broken
-        else chosen[index]
-        if index in chosen
-        else _choose_alone(row, index, logits, constrained)
+        chosen[index] if index in chosen else _choose_alone(row, index, logits, constrained)
         for index, row in enumerate(rows)
     ]
 
@@ -211,9 +207,10 @@ def _logits_of(
 def _choose_alone(
     row: Sequence, index: int, logits: torch.Tensor, constrained: dict[int, torch.Tensor | None]
 ) -> int | None:
-    own = constrained.get(index)
-    if own is None:
-        own = logits[index : index + 1]
+    """Row ``index``'s token on the per-row path; None when it cannot go on."""
+    own = constrained[index] if index in constrained else logits[index : index + 1]
+    if own is None:  # its grammar broke or allows nothing
+        return None
     return _choose(row, own, int(own.argmax(dim=-1).item()))
 
 
