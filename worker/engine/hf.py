@@ -2,8 +2,8 @@
 
 A step is schedule, execute, update (vLLM V1's shape):
   1. admit waiting requests that fit (``scheduler.py``);
-  2. decode: one forward of ``[batch, 1]`` tokens for every running row, each row
-     sampled with its own processors and generator;
+  2. decode: one forward of ``[batch, 1]`` tokens for every running row, the rows
+     sampled together, each with its own parameters and generator (``batch_sampling.py``);
   3. prefill: at most ``max_prefill_tokens`` of new prompts, chunked; a prompt
      whose last chunk ran samples its first token and its cache joins the batch;
   4. rows that finished leave the cache (``kv_cache.py``).
@@ -53,6 +53,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from worker.engine import EngineRequest, EngineStats, SequenceUpdate, failed_update
+from worker.engine.batch_sampling import BatchSampler
 from worker.engine.decode_attention import use_decode_attention
 from worker.engine.isolation import accept_rows, bisect, failing_alone, guarded, sample_rows
 from worker.engine.kv_cache import PaddedKVCache, prefill_layout, single_row_cache, stack_left_padded
@@ -89,6 +90,7 @@ class TransformersEngine:
         self._admissions = itertools.count()  # admission order: the newest row is preempted first
         self._generators: dict[str, torch.Generator | None] = {}  # preempted rows' generators, kept
         self._masks = TokenMasks()  # constrained rows' grammars (``request.grammar``), applied per step
+        self._sampler = BatchSampler()  # samples a step's rows together (``batch_sampling.py``)
 
     def add(self, request: EngineRequest) -> None:
         self._scheduler.add(request)
@@ -198,7 +200,7 @@ class TransformersEngine:
             logger.warning("a decode forward failed; %d rows fail alone, the rest go again", len(culprits))
             self._drop_rows(culprits)
             return [failed_update(request_id) for request_id in culprits] + self._decode()
-        return accept_rows(self._rows, sample_rows(self._rows, logits, self._masks))
+        return accept_rows(self._rows, sample_rows(self._rows, logits, self._masks, self._sampler))
 
     def _decode_forward(self, kv: SlotKVCache) -> torch.Tensor:
         """The last position's logits ([rows, vocab]) of one more token for every row."""
@@ -293,7 +295,7 @@ class TransformersEngine:
             s.score_prompt(output.logits[row, width - len(r) :], s.prefilled) if s.wants_prompt_scores else []
             for row, (s, r) in enumerate(zip(sequences, rests, strict=True))
         ]
-        choices = sample_rows(sequences, output.logits[:, -1, :], self._masks)
+        choices = sample_rows(sequences, output.logits[:, -1, :], self._masks, self._sampler)
         for sequence, scores in zip(sequences, prompt_scores, strict=True):
             sequence.prompt_scores += scores
             sequence.prefilled, sequence.prefill_cache = len(sequence.request.prompt_token_ids), None

@@ -6,9 +6,11 @@ whose tokenizer knows more ids than its weights), its sampling can raise (a
 processor on values nobody foresaw). Failing the whole step would fail every
 request in the batch, other tenants' included. Instead:
 
-* each row samples its token alone (``sample_rows``): a row whose sampling raises
-  gets a ``failed`` update, the others their tokens; so does a constrained row whose
-  grammar matcher broke or refuses its token;
+* the rows sample together (``batch_sampling.py``), except those that need the
+  per-row path; when sampling them together raises, each row samples alone for that
+  step (``sample_rows``): a row whose sampling raises gets a ``failed`` update, the
+  others their tokens; so does a constrained row whose grammar matcher broke or
+  refuses its token;
 * a forward over several new prompts that raises runs again in halves
   (``bisect``), down to the prompt that fails alone; the others run as if it had
   never been there, since a prefill forward writes only into a fresh cache;
@@ -30,6 +32,7 @@ import torch
 from transformers import PreTrainedModel
 
 from worker.engine import SequenceUpdate, TokenScore, failed_update
+from worker.engine.batch_sampling import BatchSampler, takes_own_path
 from worker.engine.kv_cache import single_row_cache
 from worker.engine.sampling import choose_token, score_tokens, trim_score
 from worker.engine.sequence import Sequence
@@ -99,19 +102,19 @@ def _decodes_alone(model: PreTrainedModel, kv: SlotKVCache, row: int, token: int
 Choice = tuple[int, TokenScore | None] | None
 
 
-def sample_rows(rows: list[Sequence], logits: torch.Tensor, masks: TokenMasks | None = None) -> list[Choice]:
+def sample_rows(
+    rows: list[Sequence],
+    logits: torch.Tensor,
+    masks: TokenMasks | None = None,
+    sampler: BatchSampler | None = None,
+) -> list[Choice]:
     """Each row's next token from its row of ``logits`` ([rows, vocab]); ``accept_rows`` applies them.
 
     Constrained rows choose from their grammar's tokens only (``masks``); scores stay on the raw logits.
+    ``sampler`` keeps state between the steps of one batch (an engine owns one); None: a fresh one.
     """
-    greedy = logits.argmax(dim=-1).tolist()
     constrained = _constrained_logits(rows, logits, masks)
-    tokens = [
-        _choose_constrained(row, constrained[index])
-        if index in constrained
-        else _choose(row, logits[index : index + 1], int(greedy[index]))
-        for index, row in enumerate(rows)
-    ]
+    tokens = _choose_rows(rows, logits, constrained, sampler or BatchSampler())
     scores = _score_rows(rows, logits, tokens)
     return [None if token is None else (token, scores.get(index)) for index, token in enumerate(tokens)]
 
@@ -145,10 +148,71 @@ def _constrained_logits(
         return {index: None for index, _ in matchers}
 
 
-def _choose_constrained(row: Sequence, logits: torch.Tensor | None) -> int | None:
-    if logits is None:
+def _choose_rows(
+    rows: list[Sequence],
+    logits: torch.Tensor,
+    constrained: dict[int, torch.Tensor | None],
+    sampler: BatchSampler,
+) -> list[int | None]:
+    """The tokens the batched path picks, then each other row's alone; None for a row that cannot go on."""
+    broken = {index for index, masked in constrained.items() if masked is None}
+    vocab = logits.shape[-1]
+    together = [
+        index
+        for index, row in enumerate(rows)
+        if index not in broken and not takes_own_path(row.request.sampling, vocab)
+    ]
+    chosen = _choose_together(rows, logits, constrained, together, sampler)
+    return [
+        chosen[index] if index in chosen else _choose_alone(row, index, logits, constrained)
+        for index, row in enumerate(rows)
+    ]
+
+
+def _choose_together(
+    rows: list[Sequence],
+    logits: torch.Tensor,
+    constrained: dict[int, torch.Tensor | None],
+    together: list[int],
+    sampler: BatchSampler,
+) -> dict[int, int]:
+    """Tokens of the rows ``together`` by row index; those it cannot pick are left out."""
+    if not together:
+        return {}
+    try:
+        tokens = sampler.choose(
+            [rows[index] for index in together], _logits_of(logits, together, constrained)
+        )
+    except Exception:
+        logger.exception("sampling %d rows together failed; each samples alone this step", len(together))
+        return {}
+    return {index: token for index, token in zip(together, tokens, strict=True) if token is not None}
+
+
+def _logits_of(
+    logits: torch.Tensor, indices: list[int], constrained: dict[int, torch.Tensor | None]
+) -> torch.Tensor:
+    """Rows ``indices`` of ``logits``, with each constrained row's masked copy in place of its own."""
+    selected = logits if indices == list(range(logits.shape[0])) else logits[indices]
+    masked = [
+        (position, constrained[index]) for position, index in enumerate(indices) if index in constrained
+    ]
+    if masked and selected is logits:
+        selected = logits.clone()  # the raw logits are scored for logprobs
+    for position, row_logits in masked:
+        if row_logits is not None:
+            selected[position] = row_logits[0]
+    return selected
+
+
+def _choose_alone(
+    row: Sequence, index: int, logits: torch.Tensor, constrained: dict[int, torch.Tensor | None]
+) -> int | None:
+    """Row ``index``'s token on the per-row path; None when it cannot go on."""
+    own = constrained[index] if index in constrained else logits[index : index + 1]
+    if own is None:  # its grammar broke or allows nothing
         return None
-    return _choose(row, logits, int(logits.argmax(dim=-1).item()))
+    return _choose(row, own, int(own.argmax(dim=-1).item()))
 
 
 def _choose(row: Sequence, logits: torch.Tensor, greedy: int) -> int | None:

@@ -1,7 +1,12 @@
 """Owns per-sequence logits processing, seeded sampling and token scoring on top of transformers' processors.
 
 Each sequence carries its own processor list and its own ``torch.Generator``, so a
-seeded request draws the same tokens whatever else shares the worker.
+seeded request draws the same tokens whatever else shares the worker. This is the
+per-row path: ``batch_sampling.py`` applies the same processors to a whole step's
+rows at once and leaves here only the rows it cannot take.
+
+Both paths draw the same way (``draws.py``), so a seeded row draws the same token
+whichever path takes it.
 
 Logprobs are scored on the raw logits (log-softmax before penalties, biases and
 warpers), as vLLM does by default: they say what the model thinks, whatever the
@@ -10,6 +15,7 @@ sampling settings, and greedy's choice is always the top-1 alternative.
 
 from __future__ import annotations
 
+import math
 import secrets
 from collections.abc import Sequence
 
@@ -23,11 +29,14 @@ from transformers import (
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
     TopKLogitsWarper,
-    TopPLogitsWarper,
     TypicalLogitsWarper,
 )
 
 from worker.engine import SamplingParams, TokenScore
+from worker.engine.draws import draw_tokens, uniform_draws
+
+# How many of a row's most likely tokens top_p looks at before it sorts the whole vocabulary.
+NUCLEUS_CANDIDATES = 256
 
 
 class OpenAIPenaltyProcessor(LogitsProcessor):
@@ -62,6 +71,48 @@ class LogitBiasProcessor(LogitsProcessor):
         return scores
 
 
+class NucleusWarper(LogitsProcessor):
+    """top_p, as ``nucleus`` computes it (transformers' ``TopPLogitsWarper`` sorts the whole vocabulary)."""
+
+    def __init__(self, top_p: float) -> None:
+        self._top_p = top_p
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        cutoff = torch.full((scores.shape[0], 1), self._top_p, dtype=scores.dtype, device=scores.device)
+        return nucleus(scores, cutoff)  # type: ignore[return-value]
+
+
+def nucleus(scores: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """``scores`` ([rows, vocab]) with every token outside its row's nucleus at -inf; ``top_p`` is [rows, 1].
+
+    transformers' rule: a token stays when the tokens more likely than it hold less than top_p,
+    and the most likely always stays. It is applied to the ``NUCLEUS_CANDIDATES`` most likely
+    tokens, a partial sort, for the rows whose candidates hold top_p; the others sort their whole
+    vocabulary (32 rows at 49,152 tokens on one core: 5 ms against 116 ms). Intentional divergence:
+    transformers sums the probabilities from the least likely up, this sums from the most likely
+    down, so a token whose mass above lies within float rounding of top_p may fall on the other side.
+    """
+    probabilities = scores.softmax(dim=-1)
+    kept, covered = _nucleus_among(probabilities, top_p, min(NUCLEUS_CANDIDATES, scores.shape[-1]))
+    if not bool(covered.all()):
+        rows = (~covered).nonzero().squeeze(1)
+        kept[rows] = _nucleus_among(probabilities[rows], top_p[rows], scores.shape[-1])[0]
+    return scores.masked_fill(~kept, -math.inf)
+
+
+def _nucleus_among(
+    probabilities: torch.Tensor, top_p: torch.Tensor, candidates: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Which tokens stay, judged among each row's ``candidates`` most likely; whether that was enough."""
+    top, order = probabilities.topk(candidates, dim=-1)
+    cumulative = top.cumsum(dim=-1)
+    stays = (cumulative - top) < top_p
+    stays[:, 0] = True
+    kept = torch.zeros_like(probabilities, dtype=torch.bool).scatter_(1, order, stays)
+    # Enough when the candidates hold top_p: every token past them has at least that much above it.
+    return kept, cumulative[:, -1] >= top_p.squeeze(1)
+
+
 def build_processors(
     params: SamplingParams, prompt_length: int, eos_token_ids: frozenset[int]
 ) -> LogitsProcessorList:
@@ -91,7 +142,7 @@ def _warpers(params: SamplingParams) -> list[LogitsProcessor]:
     if params.top_k > 0:
         warpers.append(TopKLogitsWarper(params.top_k))
     if params.top_p < 1.0:
-        warpers.append(TopPLogitsWarper(params.top_p))
+        warpers.append(NucleusWarper(params.top_p))
     if params.typical_p < 1.0:
         warpers.append(TypicalLogitsWarper(params.typical_p))
     if params.min_p > 0.0:
@@ -119,7 +170,10 @@ def choose_token(
     if generator is None:
         return int(scores.argmax(dim=-1).item())
     probabilities = torch.softmax(scores, dim=-1)
-    return int(torch.multinomial(probabilities, num_samples=1, generator=generator).item())
+    tokens, valid = draw_tokens(probabilities, uniform_draws([generator], probabilities.device))
+    if not bool(valid[0]):
+        raise ValueError("the sampling distribution has no finite, positive mass")
+    return int(tokens[0].item())
 
 
 def score_tokens(logits: torch.Tensor, chosen: Sequence[int], top: int) -> list[TokenScore]:
