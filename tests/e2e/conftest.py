@@ -32,7 +32,10 @@ def gateway_url(e2e_redis: EmbeddedRedis) -> Iterator[str]:
     port = free_port()
     logs = Path(tempfile.mkdtemp(prefix="tokenferry-e2e-"))
     processes = [
-        spawn_cli("worker", "--redis-url", redis_url, output=logs / "worker.log"),
+        # float32: these tests assert exact greedy equalities across calls, batches, prefix-cache
+        # hits and streams, which bf16 (``--dtype auto`` on CPUs that run it) does not keep: its
+        # rounding makes a greedy answer depend on the path (docs/performance.md).
+        spawn_cli("worker", "--redis-url", redis_url, "--dtype", "float32", output=logs / "worker.log"),
         spawn_cli("gateway", "--redis-url", redis_url, "--port", str(port), output=logs / "gateway.log"),
     ]
     with serving(f"http://127.0.0.1:{port}", processes, BUNDLED_MODEL, READY_TIMEOUT_S) as base_url:

@@ -44,6 +44,7 @@ class Cluster:
             self.workers[name] = spawn_cli(
                 "worker", "--redis-url", self.redis_url, "--served-model-name", self.model,
                 "--worker-id", self.worker_id(name), "--torch-threads", "1",
+                "--dtype", "float32",  # the exact-text resume needs fp32 (tests/e2e/conftest.py)
             )  # fmt: skip
         port = free_port()
         self.gateway = spawn_cli("gateway", "--redis-url", self.redis_url, "--port", str(port))
