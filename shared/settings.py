@@ -247,7 +247,7 @@ class WorkerSettings(TokenferrySettings):
         131_072,
         gt=0,
         validation_alias=renamed("kv_cache_tokens", "max_batch_tokens"),
-        description="KV-cache budget in tokens: rows x longest final length (prompt + max_tokens).",
+        description="KV-cache budget in tokens: rows x the longest row; past it the newest row is preempted.",
         json_schema_extra=cli(deprecated="--max-batch-tokens"),
     )
     max_prefill_tokens: Annotated[int, SCHEDULING] = Field(

@@ -48,12 +48,14 @@ import itertools
 import logging
 from collections.abc import Iterable
 from functools import partial
+from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from worker.engine import EngineRequest, EngineStats, SequenceUpdate, failed_update
 from worker.engine.batch_sampling import BatchSampler
+from worker.engine.compiled_decode import CompiledDecode
 from worker.engine.decode_attention import use_decode_attention
 from worker.engine.isolation import accept_rows, bisect, failing_alone, guarded, sample_rows
 from worker.engine.kv_cache import PaddedKVCache, prefill_layout, single_row_cache, stack_left_padded
@@ -76,7 +78,13 @@ logger = logging.getLogger(__name__)
 class TransformersEngine:
     """An ``Engine`` whose running sequences share every decode forward pass."""
 
-    def __init__(self, model: PreTrainedModel, limits: BatchLimits, prefix_cache_tokens: int = 0) -> None:
+    def __init__(
+        self,
+        model: PreTrainedModel,
+        limits: BatchLimits,
+        prefix_cache_tokens: int = 0,
+        compile_options: dict[str, Any] | None = None,
+    ) -> None:
         self._model = model
         self._device = model.device
         self._scheduler = Scheduler(limits)
@@ -87,6 +95,13 @@ class TransformersEngine:
         # Decode steps attend through ``decode_attention.py`` where the model allows it; others keep
         # their attention and get the slot cache's mask as an additive float mask.
         self._boolean_mask = use_decode_attention(model)
+        # Decode steps through torch.compile per batch-size bucket (``compiled_decode.py``), when asked.
+        self._compiled: CompiledDecode | None = None
+        if compile_options is not None:
+            if self._boolean_mask:
+                self._compiled = CompiledDecode(model, limits.max_batch_size, compile_options)
+            else:
+                logger.warning("--compile needs the decode attention this model cannot use; decoding eagerly")
         self._admissions = itertools.count()  # admission order: the newest row is preempted first
         self._generators: dict[str, torch.Generator | None] = {}  # preempted rows' generators, kept
         self._masks = TokenMasks()  # constrained rows' grammars (``request.grammar``), applied per step
@@ -202,8 +217,23 @@ class TransformersEngine:
             return [failed_update(request_id) for request_id in culprits] + self._decode()
         return accept_rows(self._rows, sample_rows(self._rows, logits, self._masks, self._sampler))
 
+    def compile_decode(self) -> None:
+        """Compile the decode step for every batch-size bucket now (start-up; a no-op without --compile)."""
+        if self._compiled is not None:
+            self._compiled.warm_up()
+
     def _decode_forward(self, kv: SlotKVCache) -> torch.Tensor:
         """The last position's logits ([rows, vocab]) of one more token for every row."""
+        if self._compiled is not None:
+            try:
+                logits = self._compiled.logits(kv, [row.token_ids[-1] for row in self._rows])
+            except Exception:
+                logger.exception("the compiled decode step failed; decoding eagerly from now on")
+                self._compiled = None
+                kv.abandon()
+            else:
+                kv.advance()
+                return logits
         input_ids = torch.tensor([[row.token_ids[-1]] for row in self._rows], device=self._device)
         positions, mask = kv.begin_decode()
         output = self._model(

@@ -50,8 +50,10 @@ class SlotKVCache(Cache):
         self.keys: list[torch.Tensor] = []
         self.values: list[torch.Tensor] = []
         self.lengths: list[int] = []  # tokens held by each running row, row i first
-        self._positions: torch.Tensor | None = None  # lengths as a tensor, for the step in flight
+        # The step in flight's write positions (the lengths), rows and mask.
+        self._positions: torch.Tensor | None = None
         self._rows_index: torch.Tensor | None = None
+        self._mask: torch.Tensor | None = None
 
     @property
     def rows(self) -> int:
@@ -74,38 +76,52 @@ class SlotKVCache(Cache):
         pairs = zip(self.keys, self.values, strict=True)
         return [(keys.data_ptr(), values.data_ptr()) for keys, values in pairs]
 
-    def begin_decode(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Position ids ``[rows, 1]`` and the boolean attention mask ``[rows, 1, 1, columns]`` of a
-        forward appending one token to every row; makes room for it first."""
-        self._reserve(self.rows, max(self.lengths) + 1)
+    def begin_decode(self, batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Position ids ``[batch, 1]`` and the boolean attention mask ``[batch, 1, 1, columns]`` of a
+        forward appending one token to every row; makes room for it first.
+
+        ``batch`` (at least ``rows``) pads the forward with idle rows, for a compiled step of a
+        fixed batch size (``compiled_decode.py``): they write into free slots at column 0 and
+        attend to that column alone, and nothing reads what they compute.
+        """
+        batch = self.rows if batch is None else batch
+        width = max(self.lengths) + 1
+        # One spare column at least: the columns read are then never the whole slot, so their view
+        # is never contiguous, and a compiled step never meets a layout it did not compile for.
+        self._reserve(batch, width + 1)
         device = self.keys[0].device
-        positions = torch.tensor(self.lengths, dtype=torch.long, device=device)
-        self._positions = positions
-        self._rows_index = torch.arange(self.rows, device=device)
-        columns = torch.arange(max(self.lengths) + 1, device=device)
-        mask = columns.unsqueeze(0) <= positions.unsqueeze(1)
-        return positions.unsqueeze(1), mask[:, None, None, :]
+        positions = torch.zeros(batch, dtype=torch.long, device=device)
+        positions[: self.rows] = torch.tensor(self.lengths, dtype=torch.long, device=device)
+        columns = torch.arange(width, device=device)
+        mask = (columns.unsqueeze(0) <= positions.unsqueeze(1))[:, None, None, :]
+        self._positions, self._mask = positions, mask
+        self._rows_index = torch.arange(batch, device=device)
+        return positions.unsqueeze(1), mask
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Write one new token per row at its length; return the rows' columns up to the longest (views)."""
-        if self._positions is None or self._rows_index is None or key_states.shape[2] != 1:
+        """Write one new token per row at its length; return the rows' columns up to the longest (views).
+
+        Sizes come from the step's tensors, never from Python lists, so a compiled step sees the
+        column count as a dimension (``compiled_decode.py``), not a constant.
+        """
+        if self._positions is None or self._rows_index is None or self._mask is None:
             raise RuntimeError("SlotKVCache takes one token per row, between begin_decode and advance")
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         keys[self._rows_index, :, self._positions] = key_states[:, :, 0]
         values[self._rows_index, :, self._positions] = value_states[:, :, 0]
-        width = max(self.lengths) + 1
-        return keys[: self.rows, :, :width], values[: self.rows, :, :width]
+        batch, width = self._rows_index.shape[0], self._mask.shape[-1]
+        return keys[:batch, :, :width], values[:batch, :, :width]
 
     def advance(self) -> None:
         """The forward succeeded: every row now holds one more token."""
         self.lengths = [length + 1 for length in self.lengths]
-        self._positions = self._rows_index = None
+        self._positions = self._rows_index = self._mask = None
 
     def abandon(self) -> None:
         """The forward failed: forget it (what it wrote lies past every row's length)."""
-        self._positions = self._rows_index = None
+        self._positions = self._rows_index = self._mask = None
 
     def join(self, batch: PaddedKVCache) -> None:
         """Append ``batch``'s rows (a prefill's padded cache), each holding its real columns only."""

@@ -76,8 +76,6 @@ def _load_transformers_backend(
         torch.set_num_threads(settings.torch_threads)
     if settings.onednn_linear and can_pack(loaded.model):
         pack_linear_layers(loaded.model)
-    if settings.compile:
-        loaded.model.forward = torch.compile(loaded.model.forward, **settings.compile_args.model_dump())
     template = load_chat_template(settings.chat_template) if settings.chat_template else None
     eos = loaded.generation_config.get("eos_token_id")
     extra_eos = [eos] if isinstance(eos, int) else list(eos or [])
@@ -109,16 +107,21 @@ def _grammar_compiler(
 
 def _build_engine(model: Any, settings: WorkerSettings) -> Engine:
     """The batched engine, unless a cache option only the per-sequence engine honours is set."""
+    import torch
+
     from worker.engine.hf import TransformersEngine
     from worker.engine.kv_cache import PaddedKVCache
     from worker.engine.scheduler import BatchLimits
     from worker.engine.sequential import SequentialEngine
 
+    compile_options = settings.compile_args.model_dump() if settings.compile else None
     if (
         settings.disable_kv_cache
         or settings.cache_implementation == "static"
         or not PaddedKVCache.supports(model.config)
     ):
+        if compile_options is not None:  # generate's own recipe: a static cache under a compiled forward
+            model.forward = torch.compile(model.forward, **compile_options)
         return SequentialEngine(
             model,
             max_batch_size=settings.max_batch_size,
@@ -126,4 +129,6 @@ def _build_engine(model: Any, settings: WorkerSettings) -> Engine:
             use_cache=not settings.disable_kv_cache,
         )
     limits = BatchLimits(settings.max_batch_size, settings.kv_cache_tokens, settings.max_prefill_tokens)
-    return TransformersEngine(model, limits, prefix_cache_tokens=settings.prefix_cache_tokens)
+    engine = TransformersEngine(model, limits, settings.prefix_cache_tokens, compile_options)
+    engine.compile_decode()  # before the worker is ready: no request pays for a trace
+    return engine
