@@ -3,8 +3,8 @@ one graph per batch-size bucket, the column count left dynamic.
 
 A decode step of ``rows`` rows runs as the smallest bucket that holds them (powers of
 two up to ``max_batch_size``), padded with idle rows (``SlotKVCache.begin_decode``);
-the slot cache's column count is marked dynamic, so a bucket's graph serves every
-length and is traced once. Weights are frozen into the graph
+the slot cache's slot and column counts are marked dynamic, so a bucket's graph
+serves every length and storage size and is traced once. Weights are frozen into the graph
 (``torch._inductor.config.freezing``): inductor's oneDNN linears need them as
 constants, and then take the oneDNN-packed weights (``onednn_linear.py``) as they are.
 Every bucket is compiled at start-up, before the worker is ready (``warm_up``), so no
@@ -17,10 +17,12 @@ What it costs: about 45-50 s of tracing and compiling per bucket on these 2 core
 every start (inductor's on-disk caches do not apply to frozen graphs), so 8 buckets
 take 6-7 minutes. That is why ``--compile`` is off by default on CPU: a worker pays it
 back only after serving for a long while, and restarts (deploys, failovers, tests) pay
-it each time. Two traps found on the way, both handled: a column count equal to the
-slot capacity makes the view contiguous and recompiles the graph (the cache always
-keeps a spare column), and ``dynamic=True`` over both dimensions made inductor emit
-code that raised ``NameError`` (torch 2.13).
+it each time. Traps found on the way, all handled: a column count equal to the slot
+capacity makes the view contiguous and recompiles the graph (the cache always keeps a
+spare column); a storage of one slot or one column is a size dynamo specializes on
+(the cache keeps at least two); the slot count, left static, recompiled a bucket each
+time the storage grew (50 s stalls while serving); and ``dynamic=True`` over the batch
+too made inductor emit code that raised ``NameError`` (torch 2.13).
 
 Divergence: greedy tokens match the eager forward's in tests, but the compiled graph
 fuses elementwise work (norms, rotary, activations) and may differ from eager in the
@@ -63,6 +65,9 @@ class CompiledDecode:
         inductor_config.freezing = True
         self._model = model
         self.buckets = buckets_for(max_rows)
+        # One graph per bucket, and a few to spare: past this limit dynamo would run eagerly.
+        limit = max(torch._dynamo.config.recompile_limit, len(self.buckets) + 4)
+        torch._dynamo.config.recompile_limit = limit
         self._forward = torch.compile(self._step, **{"dynamic": False, **options})
 
     def _step(
@@ -89,7 +94,8 @@ class CompiledDecode:
         input_ids = torch.zeros((batch, 1), dtype=torch.long, device=mask.device)
         input_ids[:rows, 0] = torch.tensor(last_tokens, dtype=torch.long, device=mask.device)
         torch._dynamo.mark_dynamic(mask, 3)
-        for tensor in (*kv.keys, *kv.values):
+        for tensor in (*kv.keys, *kv.values):  # slots and columns: the storage grows while serving
+            torch._dynamo.mark_dynamic(tensor, 0)
             torch._dynamo.mark_dynamic(tensor, 2)
         return self._forward(input_ids, positions, mask, kv)[:rows]
 

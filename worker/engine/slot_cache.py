@@ -170,8 +170,8 @@ class SlotKVCache(Cache):
         template = self.keys[0] if self.keys else like
         if template is None:
             raise RuntimeError("SlotKVCache has no storage yet and nothing to shape it on")
-        new_rows = min(self._max_rows, _at_least(rows, self.slot_count))
-        new_rows = max(new_rows, rows)
+        # Two slots at least: a compiled step marks the slot count dynamic, and size 1 is special.
+        new_rows = max(min(self._max_rows, _at_least(rows, self.slot_count)), rows, 2)
         new_columns = _at_least(columns, self.capacity, quantum=COLUMN_QUANTUM)
         shape = (new_rows, template.shape[1], new_columns, template.shape[3])
         held = self.rows
