@@ -1,11 +1,12 @@
 """Owns the run order of ``python -m bench.peers``: machine limits, then each dtype's systems in turn.
 
 Per dtype, vLLM's own server runs first (the others' ratios need it), then tokenferry's
-native engine, then tokenferry with ``--engine vllm``; each system is stopped before the
-next starts, so each has both cores. Per system: one unmeasured warm-up request, the chat
-levels in increasing concurrency, then the long-prompt workload. A system that does not
-start becomes a ``peers_error`` line with its log's tail, and the run goes on. Ctrl-C (or
-SIGTERM) stops the running system and summarizes what was measured (exit code 130).
+native engine (and ``native-compiled``, ``--compile``, when asked), then tokenferry with
+``--engine vllm``; each system is stopped before the next starts, so each has both cores.
+Per system: one unmeasured warm-up request, the chat levels in increasing concurrency,
+then the long-prompt workload. A system that does not start becomes a ``peers_error``
+line with its log's tail, and the run goes on. Ctrl-C (or SIGTERM) stops the running
+system and summarizes what was measured (exit code 130).
 """
 
 from __future__ import annotations

