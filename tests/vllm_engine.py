@@ -17,6 +17,7 @@ class EngineView:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
         self._added: list[str] = []
+        self.concurrent_admission = bool(getattr(engine, "concurrent_admission", False))
 
     def add(self, request: EngineRequest) -> None:
         self._added.append(request.request_id)

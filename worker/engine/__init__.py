@@ -3,7 +3,10 @@
 An engine is synchronous and step-driven (vLLM V1's schedule/execute/update, TGI's
 ``generate_token``): ``step()`` runs one forward pass for whatever is scheduled and
 returns what each sequence produced. Compute stays free of asyncio; the async
-``EngineDriver`` owns all I/O and is the only caller, from a single thread.
+``EngineDriver`` owns all I/O and is the only caller, from a single thread, unless
+the engine sets ``concurrent_admission = True``: then ``add`` and ``abort`` may come
+from another thread while ``step`` runs (vLLM's adapter, whose ``step`` waits for a
+core in another process; ``worker/driver/admission.py``). Without it, engines need no lock.
 Engines know token ids only: text, stop sequences and events live in the driver.
 
 One sequence's failure never fails the batch: a step that cannot run a sequence

@@ -137,7 +137,7 @@ def _engine_args(settings: WorkerSettings, location: str, takes_revision: bool) 
         "scheduling_policy": "priority",
         "trust_remote_code": settings.trust_remote_code,
         "structured_outputs_config": structured,
-        "disable_log_stats": False,  # the scheduler statistics feed the worker's metrics
+        "disable_log_stats": False,  # the scheduler statistics feed the metrics; every core step sends them
     }
     if "max_prefill_tokens" in explicit:
         options["max_num_batched_tokens"] = settings.max_prefill_tokens
