@@ -39,10 +39,6 @@ class PaddedKVCache:
     def batch_size(self) -> int:
         return int(self.attention_mask.shape[0])
 
-    @property
-    def length(self) -> int:
-        return int(self.attention_mask.shape[1])
-
     def layer_tensors(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each layer's keys and values, ``[rows, kv_heads, length, head_dim]``."""
         return [_tensors(layer) for layer in self._layers()]
