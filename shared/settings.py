@@ -230,6 +230,10 @@ class WorkerSettings(TokenferrySettings):
     compile_args: Annotated[CompileOptions, ENGINE] = Field(
         CompileOptions(), description="torch.compile keyword arguments (a YAML mapping or file)."
     )
+    enforce_eager: Annotated[bool, ENGINE] = Field(
+        False,
+        description="CUDA: decode eagerly instead of replaying CUDA graphs of the decode step (as vLLM).",
+    )
     cache_implementation: Annotated[str | None, ENGINE] = Field(
         None, description="transformers cache: dynamic, static, ..."
     )

@@ -14,6 +14,9 @@ from shared.redis_server import EmbeddedRedis
 # runs tests/vllm there (and the engine contract against it); ``make test`` never imports vLLM.
 VLLM_TESTS = os.environ.get("TOKENFERRY_TEST_VLLM") == "1"
 collect_ignore = [] if VLLM_TESTS else ["vllm"]
+# CUDA graphs need a GPU: ``make test-gpu`` runs tests/gpu where one is; ``make test`` leaves it out.
+if os.environ.get("TOKENFERRY_TEST_GPU") != "1":
+    collect_ignore.append("gpu")
 
 
 @pytest.fixture(scope="session")

@@ -33,3 +33,9 @@ def test_compiled_and_eager_decode_give_the_same_greedy_tokens() -> None:
     engine.compile_decode()
     assert run_to_end(engine, requests) == eager
     assert engine._compiled is not None  # it never fell back to the eager step
+
+
+def test_column_buckets_are_powers_of_two_from_the_quantum() -> None:
+    from worker.engine.graphed_decode import column_bucket
+
+    assert [column_bucket(width) for width in (1, 256, 257, 600, 1025)] == [256, 256, 512, 1024, 2048]

@@ -89,6 +89,46 @@ def test_rows_survive_growth_and_leaving_rows() -> None:
     _assert_rows_equal(slots, 1, first, 0)
 
 
+def test_a_step_on_fixed_columns_and_bound_inputs_decodes_as_the_plain_step() -> None:
+    # What a CUDA graph replays (``graphed_decode.py``): idle rows, the columns widened to a bucket,
+    # the step's inputs copied into tensors of the graph's own and bound to the cache.
+    model = tiny_llama()
+    batched_engine(model)  # switches the model to the decode attention
+    prompt = torch.tensor([[3, 4, 5, 6], [2, 7, 8, 9]])
+    logits = []
+    for fixed in (False, True):
+        cache = DynamicCache(config=model.config)
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        slots = SlotKVCache(num_layers=2, max_rows=8)
+        slots.join(PaddedKVCache(cache, torch.ones_like(prompt)))
+        generation = slots.generation
+        if fixed:
+            positions, mask = slots.begin_decode(batch=4, columns=256)
+            assert mask.shape == (4, 1, 1, 256) and slots.generation > generation  # the storage grew
+            bound_positions, bound_mask = positions[:, 0].clone(), mask.clone()
+            slots.bind_step(bound_positions, torch.arange(4), bound_mask)
+            ids = torch.tensor([[10], [11], [0], [0]])
+        else:
+            positions, mask = slots.begin_decode()
+            ids = torch.tensor([[10], [11]])
+        output = model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=slots, use_cache=True
+        )
+        slots.advance()
+        assert slots.lengths == [5, 5]
+        logits.append(output.logits[:2, -1])
+    torch.testing.assert_close(logits[1], logits[0])
+
+
+def test_bind_step_refuses_tensors_of_another_shape() -> None:
+    slots = SlotKVCache(num_layers=2, max_rows=8)
+    slots.join(_padded([[1, 1, 1]]))
+    slots.begin_decode(batch=2)
+    with pytest.raises(RuntimeError):
+        wrong_mask = torch.ones(2, 1, 1, 9, dtype=torch.bool)
+        slots.bind_step(torch.zeros(2, dtype=torch.long), torch.arange(2), wrong_mask)
+
+
 def _reference(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:

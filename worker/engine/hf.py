@@ -57,6 +57,7 @@ from worker.engine import EngineRequest, EngineStats, SequenceUpdate, failed_upd
 from worker.engine.batch_sampling import BatchSampler
 from worker.engine.compiled_decode import CompiledDecode
 from worker.engine.decode_attention import use_decode_attention
+from worker.engine.graphed_decode import GraphedDecode
 from worker.engine.isolation import accept_rows, bisect, failing_alone, guarded, sample_rows
 from worker.engine.kv_cache import PaddedKVCache, prefill_layout, single_row_cache, stack_left_padded
 from worker.engine.prefix_cache import PrefixCache, shared_prefixes
@@ -84,6 +85,7 @@ class TransformersEngine:
         limits: BatchLimits,
         prefix_cache_tokens: int = 0,
         compile_options: dict[str, Any] | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         self._model = model
         self._device = model.device
@@ -95,9 +97,15 @@ class TransformersEngine:
         # Decode steps attend through ``decode_attention.py`` where the model allows it; others keep
         # their attention and get the slot cache's mask as an additive float mask.
         self._boolean_mask = use_decode_attention(model)
-        # Decode steps through torch.compile per batch-size bucket (``compiled_decode.py``), when asked.
-        self._compiled: CompiledDecode | None = None
-        if compile_options is not None:
+        # Decode steps replayed as CUDA graphs on a GPU (``graphed_decode.py``), unless told not to;
+        # on CPU through torch.compile per batch-size bucket (``compiled_decode.py``), when asked.
+        self._compiled: CompiledDecode | GraphedDecode | None = None
+        if cuda_graphs and self._device.type == "cuda":
+            if self._boolean_mask:
+                self._compiled = GraphedDecode(model, limits.max_batch_size)
+            else:
+                logger.warning("CUDA graphs need the decode attention this model lacks; decoding eagerly")
+        elif compile_options is not None:
             if self._boolean_mask:
                 self._compiled = CompiledDecode(model, limits.max_batch_size, compile_options)
             else:
@@ -218,9 +226,12 @@ class TransformersEngine:
         return accept_rows(self._rows, sample_rows(self._rows, logits, self._masks, self._sampler))
 
     def compile_decode(self) -> None:
-        """Compile the decode step for every batch-size bucket now (start-up; a no-op without --compile)."""
+        """Compile or capture the decode step for every batch-size bucket now (start-up; a no-op when
+        decoding eagerly). CUDA graphs come with the storage they were captured on: it is kept."""
         if self._compiled is not None:
-            self._compiled.warm_up()
+            storage = self._compiled.warm_up()
+            if storage is not None:
+                self._kv = storage
 
     def _decode_forward(self, kv: SlotKVCache) -> torch.Tensor:
         """The last position's logits ([rows, vocab]) of one more token for every row."""
@@ -380,10 +391,10 @@ class TransformersEngine:
         if len(keep) == len(self._rows):
             return
         self._rows = [self._rows[index] for index in keep]
-        if not keep:
+        if not keep and not isinstance(self._compiled, GraphedDecode):
             self._kv = None  # its storage goes back: an idle worker holds no cache
         elif self._kv is not None:
-            self._kv.keep(keep)
+            self._kv.keep(keep)  # CUDA graphs read this storage: an idle GPU worker keeps it
 
 
 def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -54,6 +54,8 @@ class SlotKVCache(Cache):
         self._positions: torch.Tensor | None = None
         self._rows_index: torch.Tensor | None = None
         self._mask: torch.Tensor | None = None
+        # Bumped whenever the storage is reallocated: CUDA graphs captured on the old one are stale.
+        self.generation = 0
 
     @property
     def rows(self) -> int:
@@ -76,27 +78,42 @@ class SlotKVCache(Cache):
         pairs = zip(self.keys, self.values, strict=True)
         return [(keys.data_ptr(), values.data_ptr()) for keys, values in pairs]
 
-    def begin_decode(self, batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def begin_decode(
+        self, batch: int | None = None, columns: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Position ids ``[batch, 1]`` and the boolean attention mask ``[batch, 1, 1, columns]`` of a
         forward appending one token to every row; makes room for it first.
 
         ``batch`` (at least ``rows``) pads the forward with idle rows, for a compiled step of a
         fixed batch size (``compiled_decode.py``): they write into free slots at column 0 and
-        attend to that column alone, and nothing reads what they compute.
+        attend to that column alone, and nothing reads what they compute. ``columns`` (at least
+        the longest row's length + 1) widens the columns read, masked, to a fixed count: a CUDA
+        graph's shapes (``graphed_decode.py``).
         """
         batch = self.rows if batch is None else batch
         width = max(self.lengths) + 1
-        # One spare column at least: the columns read are then never the whole slot, so their view
-        # is never contiguous, and a compiled step never meets a layout it did not compile for.
-        self._reserve(batch, width + 1)
+        if columns is None:
+            # One spare column at least: the columns read are then never the whole slot, so their
+            # view is never contiguous, and a compiled step never meets a layout it did not compile for.
+            self._reserve(batch, width + 1)
+        else:
+            self._reserve(batch, columns)
+            width = columns
         device = self.keys[0].device
         positions = torch.zeros(batch, dtype=torch.long, device=device)
         positions[: self.rows] = torch.tensor(self.lengths, dtype=torch.long, device=device)
-        columns = torch.arange(width, device=device)
-        mask = (columns.unsqueeze(0) <= positions.unsqueeze(1))[:, None, None, :]
+        column_ids = torch.arange(width, device=device)
+        mask = (column_ids.unsqueeze(0) <= positions.unsqueeze(1))[:, None, None, :]
         self._positions, self._mask = positions, mask
         self._rows_index = torch.arange(batch, device=device)
         return positions.unsqueeze(1), mask
+
+    def bind_step(self, positions: torch.Tensor, rows_index: torch.Tensor, mask: torch.Tensor) -> None:
+        """Run the step in flight on these tensors instead (``[batch]``, ``[batch]``, its mask): a
+        captured graph's static inputs, holding what ``begin_decode`` computed."""
+        if self._mask is None or mask.shape != self._mask.shape:
+            raise RuntimeError("bind_step takes tensors shaped as begin_decode's, after it")
+        self._positions, self._rows_index, self._mask = positions, rows_index, mask
 
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
@@ -186,6 +203,7 @@ class SlotKVCache(Cache):
             grown_keys.append(keys)
             grown_values.append(values)
         self.keys, self.values = grown_keys, grown_values
+        self.generation += 1
 
 
 def _at_least(needed: int, current: int, quantum: int = 1) -> int:

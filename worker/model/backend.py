@@ -129,6 +129,8 @@ def _build_engine(model: Any, settings: WorkerSettings) -> Engine:
             use_cache=not settings.disable_kv_cache,
         )
     limits = BatchLimits(settings.max_batch_size, settings.kv_cache_tokens, settings.max_prefill_tokens)
-    engine = TransformersEngine(model, limits, settings.prefix_cache_tokens, compile_options)
+    engine = TransformersEngine(
+        model, limits, settings.prefix_cache_tokens, compile_options, cuda_graphs=not settings.enforce_eager
+    )
     engine.compile_decode()  # before the worker is ready: no request pays for a trace
     return engine
