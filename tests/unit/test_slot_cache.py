@@ -141,10 +141,10 @@ def _reference(
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 4, 9, 20])
-def test_decode_attention_computes_what_sdpa_does(dtype: torch.dtype, rows: int) -> None:
+# Small caches and large ones: half-precision rows attend in fp32 copies below SMALL_CACHE_POSITIONS.
+@pytest.mark.parametrize(("rows", "columns"), [(1, 40), (4, 40), (9, 40), (20, 40), (20, 200), (1, 1500)])
+def test_decode_attention_computes_what_sdpa_does(dtype: torch.dtype, rows: int, columns: int) -> None:
     torch.manual_seed(rows)
-    columns = 40
     query = torch.randn(rows, 6, 1, 8, dtype=dtype)
     key, value = torch.randn(rows, 2, columns, 8, dtype=dtype), torch.randn(rows, 2, columns, 8, dtype=dtype)
     lengths = torch.randint(1, columns + 1, (rows,))

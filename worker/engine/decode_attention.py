@@ -14,12 +14,28 @@ Why: torch's CPU sdpa runs a one-token query badly. Measured on this 2-core EPYC
 it 2,565 us per layer in bf16 and 1,215 us in fp32; this 435 and 346 us; at 600 columns
 11,556 against 2,306 us in bf16 and 30,188 against 1,661 us in fp32 (sdpa after
 ``repeat_kv``). On SmolLM2-135M's 30 layers that was a third of a bf16 decode step.
-Scores agree with sdpa's to bf16's rounding (4e-3) and fp32's (5e-7). Half-precision
-rows attend in fp32 copies: faster at every size measured (4 x 200: 125 against 180 us
-in bf16, 393 for sdpa; 32 x 150: 518 against 509), and batch-invariant. One choice
-for every batch size on purpose: fp32 sdpa without ``repeat_kv`` beats this below 8
+Scores agree with sdpa's to bf16's rounding (4e-3) and fp32's (5e-7). One choice for
+every batch size in fp32 on purpose: fp32 sdpa without ``repeat_kv`` beats this below 8
 rows (1 x 100: 22 against 41 us, about 0.6 ms of a 30-layer step), but switching
 algorithms with the batch size would let a row's greedy answer depend on its company.
+
+Half-precision rows (bf16, fp16) multiply in their own dtype, keys first (``keys @
+queries^T``: a tall, thin product oneDNN runs 3-4x faster than ``queries @ keys^T``
+here), and softmax in fp32. Small caches on CPU attend in fp32 copies instead, where
+the copies cost less than bf16's slower small products. Per layer, bf16, this EPYC:
+
+| rows x columns | fp32 copies | own dtype |
+| --- | --- | --- |
+| 1 x 100 | 47 us | 95 us |
+| 1 x 1,500 | 226 | 206 |
+| 8 x 600 | 459 | 345 |
+| 32 x 150 | 414 | 347 |
+| 32 x 600 | 2,040 | 1,362 |
+| 16 x 1,450 | 2,472 | 1,827 |
+
+(The copies of a long cache were a quarter of a 16-row bf16 decode step at 1,450
+columns, torch.profiler.) So which path a bf16 row takes depends on the batch's size:
+bf16 answers are not batch-invariant anyway (docs/performance.md); fp32 ones are.
 """
 
 from __future__ import annotations
@@ -35,6 +51,9 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 logger = logging.getLogger(__name__)
 
 ATTENTION_NAME = "tokenferry_decode"
+# Below this many cached positions (rows x columns), half-precision rows on CPU attend in fp32
+# copies (see the table above); from it on, in their own dtype.
+SMALL_CACHE_POSITIONS = 1024
 # Keyword arguments some models pass that this path does not implement: sdpa (or the model's
 # fallback) handles them.
 _UNHANDLED = ("softcap", "s_aux", "sliding_window", "position_bias", "head_mask")
@@ -60,14 +79,25 @@ def decode_attention_forward(
     kv_heads = key.shape[1]
     groups = heads // kv_heads
     scale = head_dim**-0.5 if scaling is None else scaling
-    # Half-precision rows attend in fp32 copies: faster at these sizes, more exact, and the same
-    # arithmetic whatever the batch (a row's answer must not depend on who shares its step).
-    grouped = query.reshape(rows, kv_heads, groups, head_dim).float()
-    scores = torch.matmul(grouped, key.float().transpose(-1, -2))  # [rows, kv_heads, groups, columns]
+    grouped = query.reshape(rows, kv_heads, groups, head_dim)
+    if _in_fp32(key):
+        scores = torch.matmul(grouped.float(), key.float().transpose(-1, -2))  # [rows, kv, groups, columns]
+    else:
+        scores = torch.matmul(key, grouped.transpose(-1, -2)).transpose(-1, -2).float()
     scores.mul_(scale).masked_fill_(~attention_mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
-    output = torch.matmul(weights, value.float()).to(query.dtype)  # [rows, kv_heads, groups, head_dim]
+    if _in_fp32(key):
+        output = torch.matmul(weights, value.float()).to(query.dtype)  # [rows, kv, groups, head_dim]
+    else:
+        output = torch.matmul(weights.to(value.dtype), value)
     return output.reshape(rows, 1, heads, head_dim), None
+
+
+def _in_fp32(key: torch.Tensor) -> bool:
+    """Whether this step attends in fp32: fp32 models, and half-precision ones' small caches on CPU."""
+    if key.dtype == torch.float32:
+        return True
+    return key.device.type == "cpu" and key.shape[0] * key.shape[2] < SMALL_CACHE_POSITIONS
 
 
 def _is_decode(
