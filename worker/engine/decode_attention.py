@@ -97,7 +97,11 @@ def _in_fp32(key: torch.Tensor) -> bool:
     """Whether this step attends in fp32: fp32 models, and half-precision ones' small caches on CPU."""
     if key.dtype == torch.float32:
         return True
-    return key.device.type == "cpu" and key.shape[0] * key.shape[2] < SMALL_CACHE_POSITIONS
+    if key.device.type != "cpu":
+        return False
+    # A compiled step (``compiled_decode.py``) keeps one path: a branch on its dynamic column count
+    # would be a guard, and crossing it a recompile (50 s) mid-serving.
+    return torch.compiler.is_compiling() or key.shape[0] * key.shape[2] < SMALL_CACHE_POSITIONS
 
 
 def _is_decode(
