@@ -242,7 +242,7 @@ class WorkerSettings(TokenferrySettings):
         None, gt=0, description="Context window; none: the model's."
     )
     max_batch_size: Annotated[int, SCHEDULING] = Field(
-        32,
+        64,
         gt=0,
         description=f"Sequences decoding together at most (--engine vllm: {VLLM_MAX_NUM_SEQS}, as vLLM).",
         json_schema_extra=cli("--max-num-seqs"),

@@ -83,7 +83,7 @@ def test_the_worker_refuses_a_server_default_its_engine_cannot_honour() -> None:
 def test_vllm_workers_batch_as_wide_as_vllm_unless_told() -> None:
     assert WorkerSettings(engine="vllm").max_batch_size == VLLM_MAX_NUM_SEQS
     assert WorkerSettings(engine="vllm", max_batch_size=8).max_batch_size == 8
-    assert WorkerSettings().max_batch_size == 32
+    assert WorkerSettings().max_batch_size == 64
 
 
 def test_asking_for_vllm_without_it_says_how_to_install_it_in_one_line() -> None:
