@@ -152,7 +152,12 @@ class EngineDriver:
         runs a few steps too many, whose tokens its finished choice ignores. In A/B runs of
         ``bench.batch`` this took interactive TTFT beside a batch from x1.53-1.58 of idle to
         x1.35-1.39. Starting the next step before routing the last one, to overlap them,
-        measured no gain: routing holds the GIL the engine thread needs.
+        measured no gain: routing holds the GIL the engine thread needs. Measured again on
+        2026-11-26, two runs each: served c=32 bf16 on 2 cores, 361 and 330 against 364 tok/s;
+        on an H200 with CUDA graphs (``bench.device_served``), c=64 2,881 and 2,801 against
+        2,636 and 2,597, c=32 1,485 and 2,567 against 1,672 and 2,173. No clear gain there
+        either: the engine thread's own Python (sampling, the step's inputs) and routing take
+        turns on the GIL, and a GPU step's time per token stays twice the in-process step's.
 
         A step also waits, once and ``arrival_wait_s`` at most, for an interactive
         request still arriving when only batch rows decode: started without it, it
