@@ -56,6 +56,9 @@ class Stack:
         process = spawn_cli(
             "worker", "--redis-url", self.redis.url, "--engine", "fake", "--model", MODEL,
             "--poll-delay", "0.01", "--log-level", "WARNING",
+            # 32 rows (24 for the batch lane): a batch of 30-40 lines then runs in waves, long
+            # enough for the tests to kill, restart or cancel something mid-batch.
+            "--max-batch-size", "32",
             env={"TOKENFERRY_FAKE_STEP_DELAY_S": str(step_delay_s)},
         )  # fmt: skip
         self.workers.append(process)
