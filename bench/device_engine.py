@@ -117,6 +117,33 @@ def run_level(
     }
 
 
+def profile_decode(engine: Any, rows: int, prompt_tokens: int, steps: int = 10) -> str:
+    """torch.profiler's table of ``steps`` decode steps of ``rows`` rows (host and device time)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from worker.engine import EngineRequest, SamplingParams
+
+    rng = random.Random(rows)
+    for index in range(rows):
+        prompt = tuple(rng.randrange(100, 20000) for _ in range(prompt_tokens))
+        engine.add(EngineRequest(f"p{index}", prompt, SamplingParams(), steps + 8, frozenset()))
+    for _ in range(4):  # prefill, and a few steps to settle
+        engine.step()
+    activities = [ProfilerActivity.CPU]
+    if torch.cuda.is_available():
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as profiled:
+        for _ in range(steps):
+            engine.step()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+    while engine.has_unfinished():
+        engine.step()
+    table: str = profiled.key_averages().table(sort_by="self_cpu_time_total", row_limit=18)
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -129,6 +156,9 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--json-out", type=Path)
+    parser.add_argument(
+        "--profile-rows", type=int, default=0, help="also profile 10 decode steps of this many rows"
+    )
     args = parser.parse_args()
 
     import torch
@@ -155,6 +185,9 @@ def main() -> None:
                     f"  (start-up {start_up:.1f} s)",
                     flush=True,
                 )
+            if args.profile_rows:
+                print(f"{system}: {args.profile_rows} rows, 10 decode steps", flush=True)
+                print(profile_decode(engine, args.profile_rows, args.prompt_tokens), flush=True)
             del engine
     if args.json_out is not None:
         args.json_out.write_text(json.dumps(results, indent=2))
