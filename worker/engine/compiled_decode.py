@@ -56,6 +56,11 @@ def buckets_for(max_rows: int) -> tuple[int, ...]:
     return (*sizes, max_rows)
 
 
+def bucket_for(buckets: tuple[int, ...], rows: int) -> int:
+    """The smallest of ``buckets`` (ascending) that holds ``rows``."""
+    return next(size for size in buckets if size >= rows)
+
+
 class CompiledDecode:
     """The decode forward of ``model`` compiled per bucket; ``logits`` runs one step."""
 
@@ -83,13 +88,10 @@ class CompiledDecode:
         )
         return output.logits[:, -1, :]  # type: ignore[no-any-return]
 
-    def bucket(self, rows: int) -> int:
-        return next(size for size in self.buckets if size >= rows)
-
     def logits(self, kv: SlotKVCache, last_tokens: list[int]) -> torch.Tensor:
         """The next-token logits ``[rows, vocab]`` of every row of ``kv``; the caller advances ``kv``."""
         rows = len(last_tokens)
-        batch = self.bucket(rows)
+        batch = bucket_for(self.buckets, rows)
         positions, mask = kv.begin_decode(batch)
         input_ids = torch.zeros((batch, 1), dtype=torch.long, device=mask.device)
         input_ids[:rows, 0] = torch.tensor(last_tokens, dtype=torch.long, device=mask.device)

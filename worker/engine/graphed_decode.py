@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from worker.engine.compiled_decode import buckets_for
+from worker.engine.compiled_decode import bucket_for, buckets_for
 from worker.engine.kv_cache import PaddedKVCache
 from worker.engine.slot_cache import COLUMN_QUANTUM, SlotKVCache
 
@@ -89,13 +89,10 @@ class GraphedDecode:
         self._pool = torch.cuda.graph_pool_handle()  # graphs share one memory pool: one runs at a time
         self.captures = 0
 
-    def bucket(self, rows: int) -> int:
-        return next(size for size in self.buckets if size >= rows)
-
     def logits(self, kv: SlotKVCache, last_tokens: list[int]) -> torch.Tensor:
         """The next-token logits ``[rows, vocab]`` of every row of ``kv``; the caller advances ``kv``."""
         rows = len(last_tokens)
-        batch, columns = self.bucket(rows), column_bucket(max(kv.lengths) + 1)
+        batch, columns = bucket_for(self.buckets, rows), column_bucket(max(kv.lengths) + 1)
         positions, mask = kv.begin_decode(batch, columns)  # may grow the storage: before any lookup
         graph = self._graphs.get((batch, columns)) if self._is_current(kv) else None
         inputs = graph.inputs if graph is not None else _Inputs.shaped(batch, columns, mask.device)
