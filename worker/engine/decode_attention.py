@@ -80,13 +80,14 @@ def decode_attention_forward(
     groups = heads // kv_heads
     scale = head_dim**-0.5 if scaling is None else scaling
     grouped = query.reshape(rows, kv_heads, groups, head_dim)
-    if _in_fp32(key):
+    in_fp32 = _in_fp32(key)
+    if in_fp32:
         scores = torch.matmul(grouped.float(), key.float().transpose(-1, -2))  # [rows, kv, groups, columns]
     else:
         scores = torch.matmul(key, grouped.transpose(-1, -2)).transpose(-1, -2).float()
     scores.mul_(scale).masked_fill_(~attention_mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1)
-    if _in_fp32(key):
+    if in_fp32:
         output = torch.matmul(weights, value.float()).to(query.dtype)  # [rows, kv, groups, head_dim]
     else:
         output = torch.matmul(weights.to(value.dtype), value)
