@@ -110,6 +110,11 @@ class TransformersEngine:
                 self._compiled = CompiledDecode(model, limits.max_batch_size, compile_options)
             else:
                 logger.warning("--compile needs the decode attention this model cannot use; decoding eagerly")
+        # Eager half-precision steps on CPU read whole slots: oneDNN copies a strided operand
+        # (``slot_cache.py``). Compiled and graphed steps keep the layouts they were built for.
+        self._whole_slots = (
+            self._device.type == "cpu" and model.dtype != torch.float32 and self._compiled is None
+        )
         self._admissions = itertools.count()  # admission order: the newest row is preempted first
         self._generators: dict[str, torch.Generator | None] = {}  # preempted rows' generators, kept
         self._masks = TokenMasks()  # constrained rows' grammars (``request.grammar``), applied per step
@@ -382,7 +387,8 @@ class TransformersEngine:
     def _join_batch(self, sequences: list[Sequence], cache: PaddedKVCache) -> None:
         """Append prefilled rows; rows that finish on their first token leave again at the step's end."""
         if self._kv is None:
-            self._kv = SlotKVCache(len(cache.layer_tensors()), self._scheduler.limits.max_batch_size)
+            rows = self._scheduler.limits.max_batch_size
+            self._kv = SlotKVCache(len(cache.layer_tensors()), rows, whole_slots=self._whole_slots)
         self._kv.join(cache)
         self._rows.extend(sequences)
 
