@@ -7,11 +7,18 @@ step go out in one round trip whatever the batch size: a pipeline for events tha
 belong to no running job (a rejection before acceptance), otherwise one Lua script
 that stores each event only while the publishing worker still owns the job
 (``shared/jobs/run_records.py``) and deletes the job's run record with its terminal event.
+
+A publish retried after a lost reply (Redis restarted after running the script, before
+answering) must not store its events twice: a stream once showed "The quick bbrown
+fox". So each owned publish carries a number (``EventWriter.next_publish``), taken
+once and kept across its retries, and the script stores a request's events only when
+its run record has not seen that number from that owner yet.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import time
@@ -44,15 +51,26 @@ class StreamEvent:
 
 
 # KEYS: per event its stream then its run record. ARGV: maxlen, the two TTLs, the model's
-# running set, then per event its request id, owner token, JSON and kind ("t" terminal,
-# "a" accepted, "d" other).
+# running set, the publish's number (0: none), then per event its request id, owner token,
+# JSON and kind ("t" terminal, "a" accepted, "d" other). A run record keeps, per owner, the
+# last number it stored events of; a retried publish finds its own there and stores nothing.
 _FENCED_PUBLISH = """
 local maxlen, running_ttl, done_ttl, running_set = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
-local lost = {}
+local number = tonumber(ARGV[5])
+local lost, fresh = {}, {}
 for i = 1, #KEYS / 2 do
   local stream, run = KEYS[2 * i - 1], KEYS[2 * i]
-  local request_id, owner, event, kind = ARGV[4 * i + 1], ARGV[4 * i + 2], ARGV[4 * i + 3], ARGV[4 * i + 4]
-  if redis.call('HGET', run, 'owner') == owner then
+  local request_id, owner, event, kind = ARGV[4 * i + 2], ARGV[4 * i + 3], ARGV[4 * i + 4], ARGV[4 * i + 5]
+  if redis.call('HGET', run, 'owner') ~= owner then
+    lost[#lost + 1] = request_id
+  elseif number > 0 and not fresh[run] and tonumber(redis.call('HGET', run, 'n:' .. owner) or '0') >= number
+  then
+    -- stored already: this publish is a retry
+  else
+    if number > 0 then
+      fresh[run] = true
+      redis.call('HSET', run, 'n:' .. owner, number)
+    end
     redis.call('XADD', stream, 'MAXLEN', '~', maxlen, '*', 'e', event)
     if kind == 't' then
       redis.call('EXPIRE', stream, done_ttl)
@@ -61,8 +79,6 @@ for i = 1, #KEYS / 2 do
     elseif kind == 'a' then
       redis.call('EXPIRE', stream, running_ttl)
     end
-  else
-    lost[#lost + 1] = request_id
   end
 end
 return lost
@@ -110,11 +126,22 @@ class EventWriter:
     def __init__(self, redis: Redis) -> None:
         self._redis = redis
         self._fenced = redis.register_script(_FENCED_PUBLISH)
+        self._publishes = itertools.count(1)
+
+    def next_publish(self) -> int:
+        """A number for one owned publish, to pass to every try of it (see the module docstring)."""
+        return next(self._publishes)
 
     async def publish_owned(
-        self, events: Sequence[tuple[str, TokenEvent]], *, owners: Mapping[str, str], model: str
+        self,
+        events: Sequence[tuple[str, TokenEvent]],
+        *,
+        owners: Mapping[str, str],
+        model: str,
+        number: int = 0,
     ) -> set[str]:
-        """Store events of running jobs, each only while ``owners[request_id]`` still owns it.
+        """Store events of running jobs, each only while ``owners[request_id]`` still owns it, and
+        (with a ``number`` from ``next_publish``) only once however often this publish is retried.
 
         Returns the request ids whose events were refused: their job was taken over.
         """
@@ -122,7 +149,7 @@ class EventWriter:
             return set()
         stream_keys: list[str] = []
         args: list[str | int] = [keys.EVENTS_MAXLEN, keys.EVENTS_RUNNING_TTL_S, keys.EVENTS_TTL_S]
-        args.append(keys.running(model))
+        args += [keys.running(model), number]
         for request_id, event in events:
             stream_keys += [keys.events(request_id), keys.run(request_id)]
             args += [request_id, owners[request_id], encode_event(event)[EVENT_FIELD], _kind(event)]

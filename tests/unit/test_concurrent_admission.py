@@ -82,8 +82,16 @@ class Events:
     def __init__(self) -> None:
         self.published: list[tuple[str, TokenEvent]] = []
 
+    def next_publish(self) -> int:
+        return 0
+
     async def publish_owned(
-        self, events: Sequence[tuple[str, TokenEvent]], *, owners: Mapping[str, str], model: str
+        self,
+        events: Sequence[tuple[str, TokenEvent]],
+        *,
+        owners: Mapping[str, str],
+        model: str,
+        number: int = 0,
     ) -> set[str]:
         self.published += events
         return set()

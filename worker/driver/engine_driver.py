@@ -240,10 +240,13 @@ class EngineDriver:
     async def _publish(self, events: list[tuple[str, TokenEvent]]) -> None:
         """Publish one step's events, retrying through short Redis outages so nothing is lost."""
         owners = self._requests.owners(events)
+        number = self._writer.next_publish()  # the same on every try: a retry stores nothing twice
         attempt = 0
         while True:
             try:
-                lost = await self._writer.publish_owned(events, owners=owners, model=self._model)
+                lost = await self._writer.publish_owned(
+                    events, owners=owners, model=self._model, number=number
+                )
                 self.metrics.observe_outcomes(event for request_id, event in events if request_id not in lost)
                 self._drop_lost(lost)
                 return
