@@ -120,6 +120,47 @@ def test_a_step_on_fixed_columns_and_bound_inputs_decodes_as_the_plain_step() ->
     torch.testing.assert_close(logits[1], logits[0])
 
 
+def test_whole_slots_are_read_contiguous_and_sized_to_the_longest_row() -> None:
+    # What half-precision steps on CPU read (oneDNN copies a strided operand): whole, tight slots.
+    padded = _padded([[1] * 200, [0] * 190 + [1] * 10])
+    slots = SlotKVCache(num_layers=2, max_rows=8, whole_slots=True)
+    slots.join(padded)
+    _, mask = slots.begin_decode()
+    assert slots.capacity == 256 and mask.shape[-1] == 256  # 201 columns, rounded up to 64s
+    new = torch.zeros(2, 2, 1, 4)
+    keys, values = slots.update(new, new, 0)
+    assert keys.is_contiguous() and values.is_contiguous()
+    slots.advance()
+    slots.keep([1])  # the longest row leaves: its columns go with it
+    assert slots.lengths == [11] and slots.capacity == 64
+    for (keys, values), (want_keys, want_values) in zip(slots.row_kv(0), padded.row_kv(1), strict=True):
+        assert torch.equal(keys[:, :10], want_keys) and torch.equal(values[:, :10], want_values)
+
+
+def test_a_step_over_whole_slots_decodes_as_the_narrow_step_in_bf16() -> None:
+    model = tiny_llama().to(torch.bfloat16)
+    batched_engine(model)  # switches the model to the decode attention
+    prompt = torch.tensor([[3, 4, 5, 6, 7, 8], [0, 0, 2, 7, 8, 9]])
+    logits = []
+    for whole in (False, True):
+        cache = DynamicCache(config=model.config)
+        attention_mask = (prompt > 0).long()
+        model(input_ids=prompt, attention_mask=attention_mask, past_key_values=cache, use_cache=True)
+        slots = SlotKVCache(num_layers=2, max_rows=8, whole_slots=whole)
+        slots.join(PaddedKVCache(cache, attention_mask))
+        positions, mask = slots.begin_decode()
+        assert (mask.shape[-1] == slots.capacity) is whole
+        output = model(
+            input_ids=torch.tensor([[10], [11]]),
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=slots,
+            use_cache=True,
+        )
+        logits.append(output.logits[:, -1].float())
+    torch.testing.assert_close(logits[1], logits[0], atol=2e-2, rtol=2e-2)
+
+
 def test_bind_step_refuses_tensors_of_another_shape() -> None:
     slots = SlotKVCache(num_layers=2, max_rows=8)
     slots.join(_padded([[1, 1, 1]]))
