@@ -50,6 +50,7 @@ NAMESPACE = "tokenferry_worker"
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 # From a fast decode step on a GPU (a few ms) to a long CPU prefill chunk.
 STEP_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+STEP_GAP_SECONDS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0)
 QUEUE_WAIT_SECONDS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # vLLM's 1-2-5 series for request lengths; it stops at max_model_len, which is not known before the
 # model loads (the port is bound first), so ours runs to a million tokens.
@@ -142,6 +143,12 @@ class WorkerMetrics:
         )
         self.step_seconds = self._histogram(
             "step_duration_seconds", "Wall time of one engine step (one forward pass).", STEP_SECONDS_BUCKETS
+        )
+        self.step_gap_seconds = self._histogram(
+            "step_gap_seconds",
+            "From the end of one engine step to the start of the next while sequences run: routing, "
+            "publishing and admission, which the engine waits for.",
+            STEP_GAP_SECONDS_BUCKETS,
         )
         self.queue_wait = self._histogram(
             "queue_wait_seconds",

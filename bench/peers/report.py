@@ -73,7 +73,7 @@ def _percent(value: float | None) -> str:
 
 _LEVEL_HEADER = (
     "system", "dtype", "workload", "tok/s", "x vLLM", "TTFT p50 ms", "TTFT p99 ms", "TTFT x vLLM",
-    "TPOT p50 ms", "TPOT p99 ms", "GFLOP/s", "of linear", "weights GB/s", "of copy", "errors",
+    "TPOT p50 ms", "TPOT p99 ms", "GFLOP/s", "of linear", "weights GB/s", "of copy", "loop", "errors",
 )  # fmt: skip
 
 
@@ -88,8 +88,14 @@ def _level_row(line: Mapping[str, Any]) -> list[str]:
     return [
         line["system"], line["dtype"], _workload(line), *(_cell(line.get(key)) for key in keys),
         *(_cell(line.get(key)) for key in keys2), _percent(line.get("share_of_linear")),
-        _cell(line.get("weights_gb_s")), _percent(line.get("share_of_copy")), _cell(line.get("errors")),
+        _cell(line.get("weights_gb_s")), _percent(line.get("share_of_copy")),
+        _loop_percent(line.get("loop_share")), _cell(line.get("errors")),
     ]  # fmt: skip
+
+
+def _loop_percent(value: float | None) -> str:
+    """The worker loop's share (``loop_time.py``): a tenth of a percent, as 5 % is its target."""
+    return "-" if value is None else f"{value * 100:.1f} %"
 
 
 def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
@@ -105,7 +111,7 @@ def levels_table(lines: Sequence[Mapping[str, Any]]) -> list[str]:
             rows.append(_level_row(line))
         elif line["kind"] == "peers_error":
             first = str(line["error"]).splitlines()[0] if line["error"] else ""
-            rows.append([line["system"], line["dtype"], f"failed: {first[:120]}", *["-"] * 12])
+            rows.append([line["system"], line["dtype"], f"failed: {first[:120]}", *["-"] * 13])
     return _markdown(_LEVEL_HEADER, rows)
 
 

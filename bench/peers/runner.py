@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import load
-from bench.peers import report, workloads
+from bench.peers import loop_time, report, workloads
 from bench.peers.machine import MachineLimits, measure_limits
 from bench.peers.options import OUTPUT_TOKENS, PeersOptions, estimate_s, parse_options, requests_at
 from bench.peers.shares import machine_shares, parameter_count
@@ -110,6 +110,7 @@ async def _chat_levels(run: Run, endpoint: Endpoint) -> None:
     for concurrency in run.options.levels:
         requests = requests_at(concurrency)
         report.note(f"{endpoint.system} {endpoint.dtype}: {requests} chat requests at c={concurrency}")
+        before = await loop_time.read(endpoint.worker_metrics_url)
         level = await load.run_level(
             endpoint.base_url,
             endpoint.model,
@@ -120,12 +121,14 @@ async def _chat_levels(run: Run, endpoint: Endpoint) -> None:
             first_prompt=run.options.first_prompt(concurrency),
         )
         fields = _level_fields(endpoint, "chat", concurrency) | {"output_tokens_per_request": OUTPUT_TOKENS}
+        fields |= loop_time.share(before, await loop_time.read(endpoint.worker_metrics_url))
         _record_level(run, fields, level, OUTPUT_TOKENS)
 
 
 async def _long_level(run: Run, endpoint: Endpoint) -> None:
     concurrency, requests = run.options.long_concurrency, len(run.long)
     report.note(f"{endpoint.system} {endpoint.dtype}: {requests} long-prompt requests at c={concurrency}")
+    before = await loop_time.read(endpoint.worker_metrics_url)
     level = await load.run_level(
         endpoint.base_url,
         endpoint.model,
@@ -143,6 +146,7 @@ async def _long_level(run: Run, endpoint: Endpoint) -> None:
         "prompt_tokens": sum(request.prompt_tokens for request in run.long),
         "forced_output_tokens": sum(request.max_tokens for request in run.long),
     }
+    fields |= loop_time.share(before, await loop_time.read(endpoint.worker_metrics_url))
     # Short against each request's own length, not one length for all.
     corrections = {"short_requests": short}
     _record_level(run, fields, level, 0, processed_tokens=fields["prompt_tokens"], corrections=corrections)

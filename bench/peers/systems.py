@@ -65,6 +65,7 @@ class Endpoint:
     base_url: str
     model: str
     logs_dir: Path
+    worker_metrics_url: str | None = None  # tokenferry's worker: where its Prometheus metrics are read
 
 
 @dataclass(frozen=True)
@@ -117,12 +118,15 @@ def _vllm_server(setup: SystemSetup, dtype: str) -> Iterator[Endpoint]:
 def _tokenferry(
     system: str, worker_args: Sequence[str], python: str, extra_env: dict[str, str], dtype: str
 ) -> Iterator[Endpoint]:
+    metrics_port = free_port()
+    worker_args = [*worker_args, "--metrics-port", str(metrics_port)]
     with contextlib.ExitStack() as stack:
         try:
             servers = stack.enter_context(running_servers(worker_args, python=python, extra_env=extra_env))
         except ServerStartError as error:
             raise SystemStartError(str(error)) from None
-        yield Endpoint(system, dtype, servers.base_url, servers.model, servers.logs_dir)
+        metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
+        yield Endpoint(system, dtype, servers.base_url, servers.model, servers.logs_dir, metrics_url)
 
 
 def _interpreter(python: str) -> str:

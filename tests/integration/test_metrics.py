@@ -85,6 +85,8 @@ async def test_worker_metrics_port_counts_tokens_steps_and_queue_wait(redis_url:
     assert scrape.value("tokenferry_worker_prompt_tokens_total") == 2 * PROMPT_TOKENS
     assert scrape.value("tokenferry_worker_queue_wait_seconds_count") == 2
     assert scrape.value("tokenferry_worker_step_duration_seconds_count") >= generated
+    # Between a running request's steps the loop routes and publishes: one gap per step but its first.
+    assert scrape.value("tokenferry_worker_step_gap_seconds_count") >= generated - 1
     assert scrape.value("tokenferry_worker_batch_size_sum") == 2 * generated
     assert scrape.value("tokenferry_worker_running_sequences") == 0
     assert scrape.value("tokenferry_worker_waiting_sequences") == 0

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.peers import report, workloads
+from bench.peers import loop_time, report, workloads
 from bench.peers.machine import LinearLimit, MachineLimits
 from bench.peers.options import PeersOptions, estimate_s, parse_options, requests_at
 from bench.peers.shares import machine_shares, parameter_count
@@ -139,17 +139,30 @@ def test_the_table_has_a_row_per_level_and_per_failed_system() -> None:
         "output_tokens_per_s": 167.25, "vs_vllm_tokens_per_s": 0.66, "ttft_ms_p50": 80.0,
         "ttft_ms_p99": 140.0, "vs_vllm_ttft_p50": 1.2, "tpot_ms_p50": 45.0, "tpot_ms_p99": 60.0,
         "model_gflops": 45.0, "share_of_linear": 0.225, "weights_gb_s": 11.2, "share_of_copy": 0.16,
-        "errors": 0,
+        "loop_share": 0.0434, "errors": 0,
     }  # fmt: skip
     failed = {"kind": "peers_error", "system": "vllm-engine", "dtype": "float32", "error": "exited: no vllm"}
     lines = report.levels_table([{"kind": "peers_run"}, level, failed])
     assert len(lines) == 4
-    assert all(line.count("|") == 16 for line in lines)
+    assert all(line.count("|") == 17 for line in lines)
     assert lines[2] == (
         "| native | float32 | chat c=8 | 167 | 0.66 | 80.0 | 140 | 1.20 | 45.0 | 60.0 | 45.0 | 22 % "
-        "| 11.2 | 16 % | 0 |"
+        "| 11.2 | 16 % | 4.3 % | 0 |"
     )
     assert lines[3].startswith("| vllm-engine | float32 | failed: exited: no vllm | - |")
+
+
+def test_the_loop_share_is_gaps_over_gaps_and_steps_between_two_reads() -> None:
+    page = (
+        "# TYPE tokenferry_worker_step_gap_seconds histogram\n"
+        'tokenferry_worker_step_gap_seconds_sum{model_name="m"} 1.5\n'
+        'tokenferry_worker_step_gap_seconds_count{model_name="m"} 300.0\n'
+        'tokenferry_worker_step_duration_seconds_sum{model_name="m"} 30.0\n'
+    )
+    before, after = loop_time.LoopTime(0.5, 11.0), loop_time.parse(page)
+    assert after == loop_time.LoopTime(1.5, 30.0)
+    assert loop_time.share(before, after) == {"loop_share": 0.05, "loop_gap_s": 1.0}
+    assert loop_time.share(None, after) == {} and loop_time.parse("other 1\n") is None
 
 
 def test_every_system_gets_the_same_model_name_and_dtype() -> None:

@@ -120,6 +120,7 @@ WORKER_FAMILIES = {
         "kv_cache_usage_ratio",
         "batch_size",
         "step_duration_seconds",
+        "step_gap_seconds",
         "queue_wait_seconds",
         "prompt_tokens",
         "generation_tokens",

@@ -176,6 +176,7 @@ class EngineDriver:
 
     async def _serve_steps(self) -> None:
         loop = asyncio.get_running_loop()
+        last_step_end: float | None = None  # while sequences run: the time between steps is the loop's
         while True:
             await self._wake.wait()
             await self._admit_between_steps(loop)
@@ -183,15 +184,20 @@ class EngineDriver:
             if not self._engine.has_unfinished():
                 self._wake.clear()
                 await self._route_deferred()
+                last_step_end = None  # the engine idles: waiting for work is no gap
                 continue
             started = time.perf_counter()
+            if last_step_end is not None:
+                self.metrics.step_gap_seconds.observe(started - last_step_end)
             try:
                 updates = await loop.run_in_executor(self._executor, self._engine.step)
             except Exception:
                 logger.exception("engine step failed; failing its requests")
                 await self._fail_all()
+                last_step_end = None
                 continue
-            self.metrics.observe_step(time.perf_counter() - started, updates)
+            last_step_end = time.perf_counter()
+            self.metrics.observe_step(last_step_end - started, updates)
             interactive, batch = self._requests.by_lane(updates)
             await self._route_and_publish(interactive)
             if batch:
