@@ -62,14 +62,13 @@ def load_reference_model() -> LoadedModel:
 
 
 def load_engine_model() -> LoadedModel:
-    """Another copy of the model, set up as the worker sets it up: Linear layers packed for oneDNN
-    (``worker.model.onednn_linear``) when the worker's settings ask for it and the model allows it."""
+    """Another copy of the model, set up as the worker sets it up (``backend.prepare_model``: fused
+    projections, Linear layers packed for oneDNN where the settings ask and the model allows)."""
     from shared.settings import WorkerSettings
-    from worker.model.onednn_linear import can_pack, pack_linear_layers
+    from worker.model.backend import prepare_model
 
     loaded = load_reference_model()
-    if WorkerSettings().onednn_linear and can_pack(loaded.model):
-        pack_linear_layers(loaded.model)
+    prepare_model(loaded.model, WorkerSettings())
     return loaded
 
 

@@ -66,7 +66,6 @@ def _load_transformers_backend(
 
     from worker.model.freed_memory import return_freed_memory
     from worker.model.loading import load_model
-    from worker.model.onednn_linear import can_pack, pack_linear_layers
     from worker.requests.tokenization import HFTokenizer, load_chat_template
 
     loaded = load_model(settings)
@@ -75,8 +74,7 @@ def _load_transformers_backend(
     # since polls are cheap, all cores win (bench on 2 cores, 32 streams: 84 -> 117 tok/s).
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
-    if settings.onednn_linear and can_pack(loaded.model):
-        pack_linear_layers(loaded.model)
+    prepare_model(loaded.model, settings)
     return_freed_memory()  # what loading and packing copied and freed (~200 MB for SmolLM2 in bf16)
     template = load_chat_template(settings.chat_template) if settings.chat_template else None
     eos = loaded.generation_config.get("eos_token_id")
@@ -88,6 +86,18 @@ def _load_transformers_backend(
         engine, loaded.tokenizer, vocab_size, tokenizer.eos_token_ids, on_grammar_compile
     )
     return Backend(engine, tokenizer, loaded.generation_config, loaded.max_model_len, vocab_size, grammars)
+
+
+def prepare_model(model: Any, settings: WorkerSettings) -> None:
+    """The CPU hot path's model changes: fused input projections (unless compiled), then Linears
+    packed for oneDNN (the fused ones too) where the settings ask and the build allows."""
+    from worker.model.fused_projections import fuse_projections
+    from worker.model.onednn_linear import can_pack, pack_linear_layers
+
+    if not settings.compile and model.device.type == "cpu":
+        fuse_projections(model)
+    if settings.onednn_linear and can_pack(model):
+        pack_linear_layers(model)
 
 
 def _grammar_compiler(
