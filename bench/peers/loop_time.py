@@ -5,7 +5,8 @@ step to the start of the next while sequences run: routing, publishing and admis
 the worker's loop) beside ``tokenferry_worker_step_duration_seconds``. Read before and
 after a level, their sums give ``loop_share`` = gaps / (gaps + steps): the part of the
 engine's busy time it spent waiting for its own loop (issue 18's "lean loop": under 5% at
-c=32). vLLM's server has no such metric: its rows get none.
+c=32), and ``step_ms_mean``, the mean step as served. vLLM's server has no such metric: its
+rows get none.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import httpx
 
 _GAPS = "tokenferry_worker_step_gap_seconds_sum"
 _STEPS = "tokenferry_worker_step_duration_seconds_sum"
+_STEP_COUNT = "tokenferry_worker_step_duration_seconds_count"
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class LoopTime:
 
     gaps_s: float
     steps_s: float
+    steps: int = 0
 
 
 def parse(text: str) -> LoopTime | None:
@@ -32,11 +35,11 @@ def parse(text: str) -> LoopTime | None:
     sums: dict[str, float] = {}
     for line in text.splitlines():
         name, _, rest = line.partition("{")
-        if name in (_GAPS, _STEPS):
+        if name in (_GAPS, _STEPS, _STEP_COUNT):
             sums[name] = sums.get(name, 0.0) + float(rest.rsplit(" ", 1)[1])
     if _GAPS not in sums or _STEPS not in sums:
         return None
-    return LoopTime(sums[_GAPS], sums[_STEPS])
+    return LoopTime(sums[_GAPS], sums[_STEPS], int(sums.get(_STEP_COUNT, 0)))
 
 
 async def read(metrics_url: str | None) -> LoopTime | None:
@@ -53,10 +56,14 @@ async def read(metrics_url: str | None) -> LoopTime | None:
 
 
 def share(before: LoopTime | None, after: LoopTime | None) -> dict[str, Any]:
-    """``loop_share`` and ``loop_gap_s`` over the interval, or nothing when either read failed."""
+    """``loop_share``, ``loop_gap_s`` and the mean step (``step_ms_mean``) over the interval, or
+    nothing when either read failed."""
     if before is None or after is None:
         return {}
     gaps, steps = after.gaps_s - before.gaps_s, after.steps_s - before.steps_s
     if gaps + steps <= 0:
         return {}
-    return {"loop_share": round(gaps / (gaps + steps), 4), "loop_gap_s": round(gaps, 3)}
+    fields = {"loop_share": round(gaps / (gaps + steps), 4), "loop_gap_s": round(gaps, 3)}
+    if (count := after.steps - before.steps) > 0:
+        fields["step_ms_mean"] = round(steps / count * 1000, 2)
+    return fields

@@ -158,10 +158,11 @@ def test_the_loop_share_is_gaps_over_gaps_and_steps_between_two_reads() -> None:
         'tokenferry_worker_step_gap_seconds_sum{model_name="m"} 1.5\n'
         'tokenferry_worker_step_gap_seconds_count{model_name="m"} 300.0\n'
         'tokenferry_worker_step_duration_seconds_sum{model_name="m"} 30.0\n'
+        'tokenferry_worker_step_duration_seconds_count{model_name="m"} 400.0\n'
     )
-    before, after = loop_time.LoopTime(0.5, 11.0), loop_time.parse(page)
-    assert after == loop_time.LoopTime(1.5, 30.0)
-    assert loop_time.share(before, after) == {"loop_share": 0.05, "loop_gap_s": 1.0}
+    before, after = loop_time.LoopTime(0.5, 11.0, 20), loop_time.parse(page)
+    assert after == loop_time.LoopTime(1.5, 30.0, 400)
+    assert loop_time.share(before, after) == {"loop_share": 0.05, "loop_gap_s": 1.0, "step_ms_mean": 50.0}
     assert loop_time.share(None, after) == {} and loop_time.parse("other 1\n") is None
 
 
