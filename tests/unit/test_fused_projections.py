@@ -61,3 +61,5 @@ def test_groups_that_differ_are_left_alone_and_each_input_gets_its_own_product()
         for x in (first, second, first):
             torch.testing.assert_close(block.gate_proj(x), gate(x))
             torch.testing.assert_close(block.up_proj(x), up(x))
+            assert block.gate_up_fused._output is None  # read by both slices: nothing held between forwards
+        torch.testing.assert_close(block.up_proj(second), up(second))  # a slice alone, in any order
