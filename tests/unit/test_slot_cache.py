@@ -41,6 +41,22 @@ def test_decode_steps_write_into_the_same_storage() -> None:
     assert sorted(kv.lengths) == sorted(len(prompt) + 20 for prompt in PROMPTS.values())
 
 
+def test_bf16_decode_steps_on_whole_slots_write_in_place_until_a_row_outgrows_them() -> None:
+    engine = batched_engine(tiny_llama().to(torch.bfloat16))
+    for rid, prompt in PROMPTS.items():
+        engine.add(request(rid, prompt, max_new_tokens=70))
+    engine.step()
+    kv = engine._kv
+    assert kv is not None and kv.capacity == 64  # whole slots: columns in 64s, not doubled from 256
+    storage = kv.storage()
+    for _ in range(40):  # the longest row reaches 9 + 40 columns: still inside its 64
+        engine.step()
+        assert engine._kv is kv and kv.storage() == storage
+    for _ in range(20):  # past 64: the storage grows once, by 64 columns
+        engine.step()
+    assert kv.capacity == 128 and kv.storage() != storage
+
+
 def test_the_model_attends_through_the_decode_attention() -> None:
     model = tiny_llama()
     batched_engine(model)
