@@ -39,17 +39,14 @@ from transformers import DynamicCache, PreTrainedModel
 
 from worker.engine.compiled_decode import bucket_for, buckets_for
 from worker.engine.kv_cache import PaddedKVCache
-from worker.engine.slot_cache import COLUMN_QUANTUM, SlotKVCache
+from worker.engine.slot_cache import COLUMN_QUANTUM, SlotKVCache, doubled_to
 
 logger = logging.getLogger(__name__)
 
 
 def column_bucket(width: int) -> int:
     """The columns a step reads for rows up to ``width`` long: a power of two, at least the quantum."""
-    size = COLUMN_QUANTUM
-    while size < width:
-        size *= 2
-    return size
+    return doubled_to(width, 0, quantum=COLUMN_QUANTUM)
 
 
 @dataclass

@@ -210,11 +210,11 @@ class SlotKVCache(Cache):
         if template is None:
             raise RuntimeError("SlotKVCache has no storage yet and nothing to shape it on")
         # Two slots at least: a compiled step marks the slot count dynamic, and size 1 is special.
-        new_rows = max(min(self._max_rows, _at_least(rows, self.slot_count)), rows, 2)
+        new_rows = max(min(self._max_rows, doubled_to(rows, self.slot_count)), rows, 2)
         if self._whole_slots:
             new_columns = max(self.capacity, _round_up(columns, WHOLE_SLOT_QUANTUM))
         else:
-            new_columns = _at_least(columns, self.capacity, quantum=COLUMN_QUANTUM)
+            new_columns = doubled_to(columns, self.capacity, quantum=COLUMN_QUANTUM)
         self._reallocate(new_rows, new_columns, template)
 
     def _reallocate(self, rows: int, columns: int, template: torch.Tensor | None = None) -> None:
@@ -237,7 +237,7 @@ class SlotKVCache(Cache):
         self.generation += 1
 
 
-def _at_least(needed: int, current: int, quantum: int = 1) -> int:
+def doubled_to(needed: int, current: int, quantum: int = 1) -> int:
     """``current`` doubled until it holds ``needed`` (from ``quantum`` when empty), in ``quantum`` steps."""
     size = max(current, quantum)
     while size < needed:
