@@ -7,9 +7,8 @@ SGLang capture their decode steps by default for this reason, and so does this
 engine on CUDA, unless ``--enforce-eager`` (vLLM's name) turns it off.
 
 One graph per batch-size bucket and column bucket of the slot cache's storage:
-- rows run in the smallest bucket that holds them (``compiled_decode.buckets_for``:
-  powers of two up to ``max_batch_size``), padded with idle rows as the compiled CPU
-  step pads them (``SlotKVCache.begin_decode``);
+- rows run in the smallest bucket that holds them (``buckets_for``: powers of two up to
+  ``max_batch_size``), padded with idle rows (``SlotKVCache.begin_decode``);
 - the columns read are the longest row's, rounded up to a power of two (at least
   ``COLUMN_QUANTUM``) and masked past each row's length, so one graph serves every
   length up to its bucket.
@@ -37,11 +36,27 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from worker.engine.compiled_decode import bucket_for, buckets_for
 from worker.engine.kv_cache import PaddedKVCache
 from worker.engine.slot_cache import COLUMN_QUANTUM, SlotKVCache, doubled_to
 
 logger = logging.getLogger(__name__)
+
+# Each batch bucket is one graph per column bucket: powers of two, then the batch cap.
+BUCKET_BASE = 2
+
+
+def buckets_for(max_rows: int) -> tuple[int, ...]:
+    """The batch sizes captured: powers of two below ``max_rows``, and ``max_rows`` itself."""
+    sizes, size = [], 1
+    while size < max_rows:
+        sizes.append(size)
+        size *= BUCKET_BASE
+    return (*sizes, max_rows)
+
+
+def bucket_for(buckets: tuple[int, ...], rows: int) -> int:
+    """The smallest of ``buckets`` (ascending) that holds ``rows``."""
+    return next(size for size in buckets if size >= rows)
 
 
 def column_bucket(width: int) -> int:

@@ -231,8 +231,8 @@ class TransformersEngine:
         return accept_rows(self._rows, sample_rows(self._rows, logits, self._masks, self._sampler))
 
     def compile_decode(self) -> None:
-        """Compile or capture the decode step for every batch-size bucket now (start-up; a no-op when
-        decoding eagerly). CUDA graphs come with the storage they were captured on: it is kept."""
+        """Compile or capture the decode step's graphs now (start-up; a no-op when decoding eagerly).
+        CUDA graphs come with the storage they were captured on: it is kept."""
         if self._compiled is not None:
             storage = self._compiled.warm_up()
             if storage is not None:

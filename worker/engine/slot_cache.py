@@ -125,6 +125,16 @@ class SlotKVCache(Cache):
         self._rows_index = torch.arange(batch, device=device)
         return positions.unsqueeze(1), mask
 
+    def step_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The step in flight's own tensors, each ``[batch, ...]``: write positions, rows and mask.
+
+        A compiled step reads them through this cache, so they are graph inputs whose batch
+        dimension must be marked dynamic with the forward's (``compiled_decode.py``).
+        """
+        if self._positions is None or self._rows_index is None or self._mask is None:
+            raise RuntimeError("step_tensors is for the step begin_decode started")
+        return self._positions, self._rows_index, self._mask
+
     def bind_step(self, positions: torch.Tensor, rows_index: torch.Tensor, mask: torch.Tensor) -> None:
         """Run the step in flight on these tensors instead (``[batch]``, ``[batch]``, its mask): a
         captured graph's static inputs, holding what ``begin_decode`` computed."""
