@@ -98,7 +98,7 @@ class TransformersEngine:
         # their attention and get the slot cache's mask as an additive float mask.
         self._boolean_mask = use_decode_attention(model)
         # Decode steps replayed as CUDA graphs on a GPU (``graphed_decode.py``), unless told not to;
-        # on CPU through torch.compile per batch-size bucket (``compiled_decode.py``), when asked.
+        # on CPU through torch.compile, one row and any batch (``compiled_decode.py``), when asked.
         self._compiled: CompiledDecode | GraphedDecode | None = None
         if cuda_graphs and self._device.type == "cuda":
             if self._boolean_mask:
