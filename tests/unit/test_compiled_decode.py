@@ -47,6 +47,24 @@ def test_compiled_and_eager_decode_give_the_same_greedy_tokens_without_tracing_a
     assert _compiled_frames() == frames_before  # no batch size, length or storage growth traced again
 
 
+def test_a_decode_step_that_fails_to_compile_at_start_up_is_served_eagerly(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    from worker.engine.compiled_decode import CompiledDecode
+
+    def fails(self: CompiledDecode) -> None:
+        raise RuntimeError("Constraints violated")
+
+    monkeypatch.setattr(CompiledDecode, "warm_up", fails)
+    requests = [request(rid, prompt, max_new_tokens=5) for rid, prompt in PROMPTS.items()]
+    eager = run_to_end(TransformersEngine(tiny_llama(), BatchLimits(max_batch_size=4)), requests)
+    engine = TransformersEngine(tiny_llama(), BatchLimits(max_batch_size=4), compile_options={})
+    engine.compile_decode()  # does not raise: the worker still starts
+    assert engine._compiled is None
+    assert "decoding eagerly" in caplog.text
+    assert run_to_end(engine, requests) == eager
+
+
 def _compiled_frames() -> int:
     from torch._dynamo.utils import counters
 

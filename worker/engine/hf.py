@@ -234,7 +234,12 @@ class TransformersEngine:
         """Compile or capture the decode step's graphs now (start-up; a no-op when decoding eagerly).
         CUDA graphs come with the storage they were captured on: it is kept."""
         if self._compiled is not None:
-            storage = self._compiled.warm_up()
+            try:
+                storage = self._compiled.warm_up()
+            except Exception:  # e.g. a model whose forward pins the batch size: serve it eagerly
+                logger.exception("compiling the decode step failed; decoding eagerly")
+                self._compiled = None
+                return
             if storage is not None:
                 self._kv = storage
 
