@@ -110,11 +110,6 @@ class TransformersEngine:
                 self._compiled = CompiledDecode(model, limits.max_batch_size, compile_options)
             else:
                 logger.warning("--compile needs the decode attention this model cannot use; decoding eagerly")
-        # Eager half-precision steps on CPU read whole slots: oneDNN copies a strided operand
-        # (``slot_cache.py``). Compiled and graphed steps keep the layouts they were built for.
-        self._whole_slots = (
-            self._device.type == "cpu" and model.dtype != torch.float32 and self._compiled is None
-        )
         self._admissions = itertools.count()  # admission order: the newest row is preempted first
         self._generators: dict[str, torch.Generator | None] = {}  # preempted rows' generators, kept
         self._masks = TokenMasks()  # constrained rows' grammars (``request.grammar``), applied per step
@@ -389,11 +384,17 @@ class TransformersEngine:
         for row, sequence in enumerate(sequences):
             self._prefix_cache.store(sequence.request.prompt_token_ids, batch.row_kv(row))
 
+    def _reads_whole_slots(self) -> bool:
+        """Whether a new cache's steps read whole slots: eager half-precision steps on CPU, where
+        oneDNN copies a strided operand (``slot_cache.py``). Compiled and graphed steps keep the
+        layouts they were built for; asked per cache, so a step that fell back to eager gets them."""
+        return self._device.type == "cpu" and self._model.dtype != torch.float32 and self._compiled is None
+
     def _join_batch(self, sequences: list[Sequence], cache: PaddedKVCache) -> None:
         """Append prefilled rows; rows that finish on their first token leave again at the step's end."""
         if self._kv is None:
             rows = self._scheduler.limits.max_batch_size
-            self._kv = SlotKVCache(len(cache.layer_tensors()), rows, whole_slots=self._whole_slots)
+            self._kv = SlotKVCache(len(cache.layer_tensors()), rows, whole_slots=self._reads_whole_slots())
         self._kv.join(cache)
         self._rows.extend(sequences)
 
