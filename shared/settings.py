@@ -275,6 +275,11 @@ class WorkerSettings(TokenferrySettings):
     gpu_memory_utilization: Annotated[float | None, ENGINE] = Field(
         None, gt=0, le=1, description="vllm engine on CUDA: share of GPU memory it takes; none: vLLM's (0.9)."
     )
+    cpu_attention_kernel: Annotated[bool, ENGINE] = Field(
+        True,
+        description="On CPU, run decode attention in tokenferry's fused C++ kernel (built at set-up; "
+        "matmuls where it cannot be built).",
+    )
     onednn_linear: Annotated[bool, ENGINE] = Field(
         True, description="On CPU (float32/bfloat16), run Linear layers as oneDNN ops on pre-packed weights."
     )

@@ -18,7 +18,7 @@ from transformers import (
 )
 
 from tests.engines import _tiny_config, batched_engine, request, run_to_end, tiny_llama
-from worker.engine.decode_attention import ATTENTION_NAME, decode_attention_forward
+from worker.engine.decode_attention import ATTENTION_NAME, KERNEL_ATTENTION_NAME, decode_attention_forward
 from worker.engine.kv_cache import PaddedKVCache
 from worker.engine.sequential import SequentialEngine
 from worker.engine.slot_cache import SlotKVCache
@@ -42,7 +42,8 @@ def test_decode_steps_write_into_the_same_storage() -> None:
 
 
 def test_bf16_decode_steps_on_whole_slots_write_in_place_until_a_row_outgrows_them() -> None:
-    engine = batched_engine(tiny_llama().to(torch.bfloat16))
+    # Whole slots are the matmul attention's bf16 layout; the fused kernel reads the narrow view.
+    engine = batched_engine(tiny_llama().to(torch.bfloat16), attention_kernel=False)
     for rid, prompt in PROMPTS.items():
         engine.add(request(rid, prompt, max_new_tokens=70))
     engine.step()
@@ -57,10 +58,28 @@ def test_bf16_decode_steps_on_whole_slots_write_in_place_until_a_row_outgrows_th
     assert kv.capacity == 128 and kv.storage() != storage
 
 
+def test_bf16_decode_steps_through_the_kernel_write_in_place_into_narrow_slots() -> None:
+    engine = batched_engine(tiny_llama().to(torch.bfloat16))
+    for rid, prompt in PROMPTS.items():
+        engine.add(request(rid, prompt, max_new_tokens=40))
+    engine.step()
+    kv = engine._kv
+    assert (
+        kv is not None and kv.capacity == 256
+    )  # narrow: columns doubled from 256, read up to the longest row
+    storage = kv.storage()
+    for _ in range(30):
+        engine.step()
+        assert engine._kv is kv and kv.storage() == storage
+
+
 def test_the_model_attends_through_the_decode_attention() -> None:
     model = tiny_llama()
     batched_engine(model)
-    assert model.config._attn_implementation == ATTENTION_NAME
+    assert model.config._attn_implementation == KERNEL_ATTENTION_NAME  # make setup built the kernel
+    plain = tiny_llama()
+    batched_engine(plain, attention_kernel=False)
+    assert plain.config._attn_implementation == ATTENTION_NAME
 
 
 def _padded(rows: list[list[int]], layers: int = 2, heads: int = 2, dim: int = 4) -> PaddedKVCache:

@@ -52,9 +52,13 @@ from transformers import AttentionInterface, PreTrainedModel
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from worker.engine import cpu_kernels
+
 logger = logging.getLogger(__name__)
 
 ATTENTION_NAME = "tokenferry_decode"
+# The same attention whose eager CPU decode steps run the fused C++ kernel (``cpu_kernels``).
+KERNEL_ATTENTION_NAME = "tokenferry_decode_kernel"
 # Below this many cached positions (rows x columns), half-precision rows on CPU attend in fp32
 # copies (see the table above); from it on, in their own dtype.
 SMALL_CACHE_POSITIONS = 1024
@@ -79,6 +83,48 @@ def decode_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     assert attention_mask is not None
+    return _matmul_attention(query, key, value, attention_mask, scaling), None
+
+
+def kernel_attention_forward(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """As ``decode_attention_forward``, with eager CPU decode steps in the fused kernel: each row
+    reads only its own columns, in one pass (``cpu_kernels/attention.cpp``)."""
+    if not _is_decode(query, key, attention_mask, dropout, kwargs):
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    assert attention_mask is not None
+    if torch.compiler.is_compiling():  # a compiled step traces the matmuls (compiled_decode.py)
+        return _matmul_attention(query, key, value, attention_mask, scaling), None
+    kernels = cpu_kernels.kernels()
+    if (
+        kernels is None
+        or key.device.type != "cpu"
+        or attention_mask.shape[0] != query.shape[0]
+        or key.stride(-1) != 1
+        or value.stride(-1) != 1
+    ):
+        return _matmul_attention(query, key, value, attention_mask, scaling), None
+    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    return kernels.decode_attention(query, key, value, attention_mask, scale), None
+
+
+def _matmul_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor,
+    scaling: float | None,
+) -> torch.Tensor:
     rows, heads, _, head_dim = query.shape
     kv_heads = key.shape[1]
     groups = heads // kv_heads
@@ -96,7 +142,7 @@ def decode_attention_forward(
         output = torch.matmul(weights, value.float()).to(query.dtype)  # [rows, kv, groups, head_dim]
     else:
         output = torch.matmul(weights.to(value.dtype), value)
-    return output.reshape(rows, 1, heads, head_dim), None
+    return output.reshape(rows, 1, heads, head_dim)
 
 
 class _BiasMemo:
@@ -152,22 +198,31 @@ def _is_decode(
 
 
 def register() -> None:
-    """Make ``ATTENTION_NAME`` known to transformers (idempotent): this forward, sdpa's masks."""
+    """Make both attentions known to transformers (idempotent): these forwards, sdpa's masks."""
     AttentionInterface.register(ATTENTION_NAME, decode_attention_forward)
+    AttentionInterface.register(KERNEL_ATTENTION_NAME, kernel_attention_forward)
     AttentionMaskInterface.register(ATTENTION_NAME, sdpa_mask)
+    AttentionMaskInterface.register(KERNEL_ATTENTION_NAME, sdpa_mask)
 
 
-def use_decode_attention(model: PreTrainedModel) -> bool:
-    """Switch ``model`` to this attention when it runs transformers' sdpa now; whether it runs it."""
+def use_decode_attention(model: PreTrainedModel, kernel: bool = True) -> bool:
+    """Switch ``model`` to this attention when it runs transformers' sdpa now; whether it runs it.
+
+    ``kernel``: on CPU, decode steps in the fused kernel where it builds here (``cpu_kernels``);
+    otherwise, or where it cannot be built (logged), as matmuls.
+    """
     current = getattr(model.config, "_attn_implementation", None)
-    if current == ATTENTION_NAME:
+    if current in (ATTENTION_NAME, KERNEL_ATTENTION_NAME):
         return True
     if current != "sdpa":
         logger.info("decode attention left as %s (the fast path replaces sdpa only)", current)
         return False
     register()
+    name = ATTENTION_NAME
+    if kernel and model.device.type == "cpu" and cpu_kernels.kernels() is not None:
+        name = KERNEL_ATTENTION_NAME
     try:
-        model.set_attn_implementation(ATTENTION_NAME)
+        model.set_attn_implementation(name)
     except (ValueError, KeyError, ImportError) as error:
         logger.info("decode attention not available for this model (%s); keeping sdpa", error)
         return False

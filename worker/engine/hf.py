@@ -56,7 +56,7 @@ from transformers import DynamicCache, PreTrainedModel
 from worker.engine import EngineRequest, EngineStats, SequenceUpdate, failed_update
 from worker.engine.batch_sampling import BatchSampler
 from worker.engine.compiled_decode import CompiledDecode
-from worker.engine.decode_attention import use_decode_attention
+from worker.engine.decode_attention import KERNEL_ATTENTION_NAME, use_decode_attention
 from worker.engine.graphed_decode import GraphedDecode
 from worker.engine.isolation import accept_rows, bisect, failing_alone, guarded, sample_rows
 from worker.engine.kv_cache import PaddedKVCache, prefill_layout, single_row_cache, stack_left_padded
@@ -86,6 +86,7 @@ class TransformersEngine:
         prefix_cache_tokens: int = 0,
         compile_options: dict[str, Any] | None = None,
         cuda_graphs: bool = True,
+        attention_kernel: bool = True,
     ) -> None:
         self._model = model
         self._device = model.device
@@ -96,7 +97,8 @@ class TransformersEngine:
         self._kv: SlotKVCache | None = None
         # Decode steps attend through ``decode_attention.py`` where the model allows it; others keep
         # their attention and get the slot cache's mask as an additive float mask.
-        self._boolean_mask = use_decode_attention(model)
+        # On CPU their eager steps run the fused kernel, where it builds (``cpu_kernels``).
+        self._boolean_mask = use_decode_attention(model, kernel=attention_kernel)
         # Decode steps replayed as CUDA graphs on a GPU (``graphed_decode.py``), unless told not to;
         # on CPU through torch.compile, one row and any batch (``compiled_decode.py``), when asked.
         self._compiled: CompiledDecode | GraphedDecode | None = None
@@ -386,9 +388,15 @@ class TransformersEngine:
 
     def _reads_whole_slots(self) -> bool:
         """Whether a new cache's steps read whole slots: eager half-precision steps on CPU, where
-        oneDNN copies a strided operand (``slot_cache.py``). Compiled and graphed steps keep the
-        layouts they were built for; asked per cache, so a step that fell back to eager gets them."""
-        return self._device.type == "cpu" and self._model.dtype != torch.float32 and self._compiled is None
+        oneDNN copies a strided operand (``slot_cache.py``); not where the fused kernel attends, which
+        reads each row's own columns of the narrow view. Compiled and graphed steps keep the layouts
+        they were built for; asked per cache, so a step that fell back to eager gets them."""
+        return (
+            self._device.type == "cpu"
+            and self._model.dtype != torch.float32
+            and self._compiled is None
+            and self._model.config._attn_implementation != KERNEL_ATTENTION_NAME
+        )
 
     def _join_batch(self, sequences: list[Sequence], cache: PaddedKVCache) -> None:
         """Append prefilled rows; rows that finish on their first token leave again at the step's end."""

@@ -142,7 +142,12 @@ def _build_engine(model: Any, settings: WorkerSettings) -> Engine:
         )
     limits = BatchLimits(settings.max_batch_size, settings.kv_cache_tokens, settings.max_prefill_tokens)
     engine = TransformersEngine(
-        model, limits, settings.prefix_cache_tokens, compile_options, cuda_graphs=not settings.enforce_eager
+        model,
+        limits,
+        settings.prefix_cache_tokens,
+        compile_options,
+        cuda_graphs=not settings.enforce_eager,
+        attention_kernel=settings.cpu_attention_kernel,
     )
     engine.compile_decode()  # before the worker is ready: no request pays for a trace
     return engine

@@ -1,0 +1,116 @@
+"""The fused CPU decode attention computes what sdpa does, row by row whatever shares the batch,
+over a slot cache's strided view; where it cannot be built, the engine attends with matmuls."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from tests.engines import batched_engine, request, run_to_end, tiny_llama
+from worker.engine import cpu_kernels
+from worker.engine.decode_attention import ATTENTION_NAME, KERNEL_ATTENTION_NAME, kernel_attention_forward
+
+
+def _reference(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query.float(), key.float(), value.float(), attn_mask=mask
+    )
+    return output.transpose(1, 2)
+
+
+def _slot_view(rows: int, kv_heads: int, columns: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """The first ``columns`` of wider slots, as a slot cache hands them to attention: not contiguous."""
+    return torch.randn(rows, kv_heads, columns + 37, head_dim, dtype=dtype)[:, :, :columns]
+
+
+def test_make_setup_built_the_kernel_for_this_machine() -> None:
+    assert cpu_kernels.kernels() is not None, cpu_kernels.describe()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+# head_dim 64 and 128 take the AVX-512 blocks, 8 and 80 the generic loop; 1 to 7 query heads per kv head.
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 128), (14, 2, 64), (6, 2, 8), (4, 2, 80)]
+)
+@pytest.mark.parametrize(("rows", "columns"), [(1, 1), (1, 17), (5, 40), (16, 300), (2, 1500)])
+def test_kernel_computes_what_sdpa_does(
+    dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, rows: int, columns: int
+) -> None:
+    torch.manual_seed(rows * columns + head_dim)
+    query = torch.randn(rows, heads, 1, head_dim, dtype=dtype)
+    key = _slot_view(rows, kv_heads, columns, head_dim, dtype)
+    value = _slot_view(rows, kv_heads, columns, head_dim, dtype)
+    lengths = torch.randint(1, columns + 1, (rows,))
+    lengths[0] = columns
+    mask = (torch.arange(columns)[None, :] < lengths[:, None])[:, None, None, :]
+    output, weights = kernel_attention_forward(torch.nn.Module(), query, key, value, mask)
+    assert weights is None and output.shape == (rows, 1, heads, head_dim) and output.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(
+        output.float(), _reference(query, key, value, mask), atol=tolerance, rtol=tolerance
+    )
+
+
+def test_kernel_skips_masked_columns_inside_a_row() -> None:
+    torch.manual_seed(0)
+    query = torch.randn(3, 9, 1, 64)
+    key, value = _slot_view(3, 3, 90, 64, torch.float32), _slot_view(3, 3, 90, 64, torch.float32)
+    mask = torch.rand(3, 1, 1, 90) < 0.5
+    mask[..., 0] = True
+    output, _ = kernel_attention_forward(torch.nn.Module(), query, key, value, mask)
+    torch.testing.assert_close(output, _reference(query, key, value, mask), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_rows_output_does_not_depend_on_the_rows_beside_it(dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    query = torch.randn(12, 9, 1, 64, dtype=dtype)
+    key, value = _slot_view(12, 3, 500, 64, dtype), _slot_view(12, 3, 500, 64, dtype)
+    lengths = torch.randint(1, 501, (12,))
+    mask = (torch.arange(500)[None, :] < lengths[:, None])[:, None, None, :]
+    together, _ = kernel_attention_forward(torch.nn.Module(), query, key, value, mask)
+    for row in (0, 5, 11):
+        width = int(lengths[row])  # alone, and over only its own columns
+        alone, _ = kernel_attention_forward(
+            torch.nn.Module(),
+            query[row : row + 1],
+            key[row : row + 1, :, :width],
+            value[row : row + 1, :, :width],
+            mask[row : row + 1, ..., :width],
+        )
+        assert torch.equal(alone[0], together[row])
+
+
+def test_the_engine_decodes_the_same_greedy_tokens_with_and_without_the_kernel() -> None:
+    prompts = {"a": [5, 6, 7], "b": [9, 10, 11, 12, 13, 14, 15, 16, 17], "c": [20]}
+    requests = [request(rid, prompt, max_new_tokens=40) for rid, prompt in prompts.items()]
+    with_kernel, without = tiny_llama(), tiny_llama()
+    kernel_engine, matmul_engine = (
+        batched_engine(with_kernel),
+        batched_engine(without, attention_kernel=False),
+    )
+    assert with_kernel.config._attn_implementation == KERNEL_ATTENTION_NAME
+    assert run_to_end(kernel_engine, requests) == run_to_end(matmul_engine, requests)
+
+
+def test_where_the_kernel_cannot_be_built_the_engine_attends_with_matmuls(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def no_compiler(verbose: bool = False) -> None:
+        raise RuntimeError("no C++ compiler here")
+
+    monkeypatch.setattr(cpu_kernels, "build", no_compiler)
+    with caplog.at_level(logging.WARNING):
+        assert cpu_kernels.kernels.__wrapped__() is None
+    assert "no C++ compiler here" in caplog.text and "attention runs as matmuls" in caplog.text
+    monkeypatch.setattr(cpu_kernels, "kernels", lambda: None)
+    model = tiny_llama()
+    engine = batched_engine(model)
+    assert model.config._attn_implementation == ATTENTION_NAME
+    assert run_to_end(engine, [request("a", [5, 6, 7], max_new_tokens=8)])["a"]

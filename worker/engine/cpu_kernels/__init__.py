@@ -1,0 +1,107 @@
+"""Owns the engine's own CPU kernels: C++ built once per machine, loaded by the worker, optional.
+
+Why: on CPU, torch's products and softmax run attention's one-token query as several
+passes over memory, each at a fraction of the machine's bandwidth (decode_attention.py
+has the measurements), and over every row's padded columns. ``attention.cpp`` fuses
+scores, softmax and the weighted values into one pass per row and key/value head,
+over the row's own columns only.
+
+Built with torch's ``cpp_extension`` (gcc and ninja) for this machine's vector ISA,
+the one torch itself dispatches to (AVX-512, AVX2 or plain), into torch's extension
+directory: ``make setup`` builds it (``python -m worker.engine.cpu_kernels``) so a
+worker only loads it. A machine with no compiler, or a build that fails, serves
+with the matmul path instead, with one log line saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol, cast
+
+if TYPE_CHECKING:
+    import torch
+
+logger = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("attention.cpp")
+# torch's extension loader keys its build directory by name: the source's hash in the name keeps
+# a stale build from ever being loaded against a changed source or another ISA.
+_ARCH_FLAGS = {
+    "AVX512": ["-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma"],
+    "AVX2": ["-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
+}
+
+
+class AttentionKernels(Protocol):
+    """The built module's functions (``attention.cpp``)."""
+
+    def decode_attention(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
+    ) -> torch.Tensor: ...
+
+
+def _capability() -> str:
+    import torch
+
+    return str(torch.backends.cpu.get_cpu_capability())
+
+
+def _flags() -> list[str]:
+    return ["-O3", "-fopenmp", *_ARCH_FLAGS.get(_capability(), [])]
+
+
+def _name() -> str:
+    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_flags()).encode()).hexdigest()[:12]
+    return f"tokenferry_cpu_attention_{digest}"
+
+
+def build(verbose: bool = False) -> AttentionKernels:
+    """Compile (or find already compiled) and import the kernels; raises when that fails."""
+    from torch.utils.cpp_extension import load
+
+    with _ninja_on_path():
+        module = load(
+            name=_name(),
+            sources=[str(_SOURCE)],
+            extra_cflags=_flags(),
+            extra_ldflags=["-fopenmp"],
+            verbose=verbose,
+        )
+    return cast(AttentionKernels, module)
+
+
+@contextlib.contextmanager
+def _ninja_on_path() -> Iterator[None]:
+    """torch runs ``ninja`` from PATH: the worker extra's pip package has one, in a venv not on PATH."""
+    try:
+        import ninja
+    except ImportError:
+        yield
+        return
+    before = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, before])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = before
+
+
+@functools.cache
+def kernels() -> AttentionKernels | None:
+    """The built kernels, or None (logged once) where they cannot be built here."""
+    try:
+        return build()
+    except Exception as error:
+        logger.warning("CPU attention kernel unavailable (%s); attention runs as matmuls", error)
+        return None
+
+
+def describe() -> str:
+    """One line naming the build: its source hash and vector ISA."""
+    return f"{_name()} ({_capability()})"

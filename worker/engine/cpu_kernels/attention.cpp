@@ -1,0 +1,278 @@
+// Fused CPU attention for the batched engine (see __init__.py for why and how it is built).
+//
+// decode_attention: one query token per row against that row's own cached columns. Each
+// (row, key/value head) task reads only the columns up to the row's last attended one, so a
+// batch of mixed lengths pays for each row's own length, not the longest; scores, softmax and
+// the weighted values stay in registers and one small fp32 buffer, in one pass over the keys
+// and one over the values.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+namespace {
+
+using fVec = at::vec::Vectorized<float>;
+constexpr int kMaxHeadDim = 256;
+constexpr int kMaxGroups = 16;
+
+template <typename T>
+inline fVec load_floats(const T* data) {
+  if constexpr (std::is_same_v<T, float>) {
+    return fVec::loadu(data);
+  } else {
+    fVec out;
+    at::vec::load_to_float<T>(data, out);
+    return out;
+  }
+}
+
+template <typename T>
+inline void store_floats(T* dest, const float* src, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dest[i] = static_cast<T>(src[i]);
+}
+
+#ifdef CPU_CAPABILITY_AVX512
+// The 16 lane-sums of 16 vectors as one vector: four transposing add levels instead of 16
+// horizontal reductions (a third of the score pass's instructions at head_dim 64).
+inline __m512 sum16(const __m512* v) {
+  __m512 t[8];
+  for (int i = 0; i < 8; ++i) {
+    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  __m512 u[4];
+  for (int i = 0; i < 4; ++i) {
+    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44), _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xEE));
+  }
+  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
+}
+
+// One row and key/value head, head_dim = 16 * DV, in blocks of 16 columns: each block's keys
+// (then values) widened to fp32 once into a small buffer, then every grouped query head reads
+// them from L1 with its accumulators in registers.
+template <typename T, int DV>
+void decode_task_avx512(
+    const float (*q)[kMaxHeadDim], int64_t groups, const T* k, int64_t k_col, const T* v, int64_t v_col,
+    const bool* m, int64_t m_col, int64_t span, float* scores, T* o) {
+  constexpr int D = 16 * DV;
+  alignas(64) float block[16][D];
+  const int64_t padded = (span + 15) / 16 * 16;
+  __m512 maxima[kMaxGroups];
+  for (int64_t g = 0; g < groups; ++g) maxima[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j0 = 0; j0 < padded; j0 += 16) {
+    const int64_t n = std::min<int64_t>(16, span - j0);
+    __mmask16 keep = 0;
+    for (int64_t c = 0; c < n; ++c) {
+      if (m[(j0 + c) * m_col]) keep |= static_cast<__mmask16>(1u << c);
+      const T* kc = k + (j0 + c) * k_col;
+      for (int d = 0; d < D; d += 16) load_floats(kc + d).store(block[c] + d);
+    }
+    for (int64_t c = n; c < 16; ++c) std::fill(block[c], block[c] + D, 0.0f);
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512 qv[DV];
+      for (int d = 0; d < DV; ++d) qv[d] = _mm512_load_ps(q[g] + 16 * d);
+      __m512 partial[16];
+      for (int c = 0; c < 16; ++c) {
+        __m512 acc = _mm512_mul_ps(qv[0], _mm512_load_ps(block[c]));
+        for (int d = 1; d < DV; ++d) acc = _mm512_fmadd_ps(qv[d], _mm512_load_ps(block[c] + 16 * d), acc);
+        partial[c] = acc;
+      }
+      const __m512 s = _mm512_mask_blend_ps(keep, minus_inf, sum16(partial));
+      _mm512_storeu_ps(scores + g * padded + j0, s);
+      maxima[g] = _mm512_max_ps(maxima[g], s);
+    }
+  }
+  float totals[kMaxGroups];
+  for (int64_t g = 0; g < groups; ++g) {
+    float* s = scores + g * padded;
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(maxima[g]));
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t j = 0; j < padded; j += 16) {
+      const __m512 e = __m512((fVec(_mm512_sub_ps(_mm512_loadu_ps(s + j), top))).exp_u20());
+      _mm512_storeu_ps(s + j, e);
+      total = _mm512_add_ps(total, e);
+    }
+    totals[g] = _mm512_reduce_add_ps(total);
+  }
+  alignas(64) float accs[kMaxGroups][D];
+  for (int64_t g = 0; g < groups; ++g) std::fill(accs[g], accs[g] + D, 0.0f);
+  for (int64_t j0 = 0; j0 < span; j0 += 16) {
+    const int64_t n = std::min<int64_t>(16, span - j0);
+    for (int64_t c = 0; c < n; ++c) {
+      const T* vc = v + (j0 + c) * v_col;
+      for (int d = 0; d < D; d += 16) load_floats(vc + d).store(block[c] + d);
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* w = scores + g * padded + j0;
+      __m512 acc[DV];
+      for (int d = 0; d < DV; ++d) acc[d] = _mm512_load_ps(accs[g] + 16 * d);
+      for (int64_t c = 0; c < n; ++c) {
+        const __m512 wc = _mm512_set1_ps(w[c]);
+        for (int d = 0; d < DV; ++d) acc[d] = _mm512_fmadd_ps(wc, _mm512_load_ps(block[c] + 16 * d), acc[d]);
+      }
+      for (int d = 0; d < DV; ++d) _mm512_store_ps(accs[g] + 16 * d, acc[d]);
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const float inverse = 1.0f / totals[g];
+    for (int d = 0; d < D; ++d) accs[g][d] *= inverse;
+    store_floats(o + g * D, accs[g], D);
+  }
+}
+#endif
+
+template <typename T>
+void decode_kernel(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& mask, double scale, at::Tensor& out) {
+  const int64_t rows = query.size(0);
+  const int64_t heads = query.size(1);
+  const int64_t head_dim = query.size(3);
+  const int64_t kv_heads = key.size(1);
+  const int64_t columns = key.size(2);
+  const int64_t groups = heads / kv_heads;
+  constexpr int64_t lanes = fVec::size();
+  const int64_t vec_dim = head_dim - head_dim % lanes;
+
+  const T* q_base = query.data_ptr<T>();
+  const T* k_base = key.data_ptr<T>();
+  const T* v_base = value.data_ptr<T>();
+  const bool* m_base = mask.data_ptr<bool>();
+  T* o_base = out.data_ptr<T>();
+  const int64_t q_row = query.stride(0), q_head = query.stride(1);
+  const int64_t k_row = key.stride(0), k_head = key.stride(1), k_col = key.stride(2);
+  const int64_t v_row = value.stride(0), v_head = value.stride(1), v_col = value.stride(2);
+  const int64_t m_row = mask.stride(0), m_col = mask.stride(3);
+
+  at::parallel_for(0, rows * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    alignas(64) float q[kMaxGroups][kMaxHeadDim];
+    alignas(64) float acc[kMaxGroups][kMaxHeadDim];
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t row = task / kv_heads;
+      const int64_t kv = task % kv_heads;
+      const bool* m = m_base + row * m_row;
+      int64_t span = columns;
+      while (span > 0 && !m[(span - 1) * m_col]) --span;
+      T* o = o_base + (row * heads + kv * groups) * head_dim;
+      if (span == 0) {  // nothing attended: zeros, as a softmax over nothing has no answer
+        for (int64_t i = 0; i < groups * head_dim; ++i) o[i] = static_cast<T>(0.0f);
+        continue;
+      }
+      for (int64_t g = 0; g < groups; ++g) {
+        const T* qs = q_base + row * q_row + (kv * groups + g) * q_head;
+        for (int64_t d = 0; d < head_dim; ++d) q[g][d] = static_cast<float>(qs[d]) * static_cast<float>(scale);
+      }
+#ifdef CPU_CAPABILITY_AVX512
+      if (head_dim == 64 || head_dim == 128) {
+        scores.resize(static_cast<size_t>(groups * ((span + 15) / 16 * 16)));
+        const T* kr = k_base + row * k_row + kv * k_head;
+        const T* vr = v_base + row * v_row + kv * v_head;
+        if (head_dim == 64) {
+          decode_task_avx512<T, 4>(q, groups, kr, k_col, vr, v_col, m, m_col, span, scores.data(), o);
+        } else {
+          decode_task_avx512<T, 8>(q, groups, kr, k_col, vr, v_col, m, m_col, span, scores.data(), o);
+        }
+        continue;
+      }
+#endif
+      scores.resize(static_cast<size_t>(groups * span));
+      float maxima[kMaxGroups];
+      std::fill(maxima, maxima + groups, -std::numeric_limits<float>::infinity());
+      const T* k = k_base + row * k_row + kv * k_head;
+      for (int64_t j = 0; j < span; ++j) {
+        if (!m[j * m_col]) {
+          for (int64_t g = 0; g < groups; ++g) scores[g * span + j] = -std::numeric_limits<float>::infinity();
+          continue;
+        }
+        const T* kj = k + j * k_col;
+        for (int64_t g = 0; g < groups; ++g) {
+          fVec sum(0.0f);
+          for (int64_t d = 0; d < vec_dim; d += lanes) sum = at::vec::fmadd(fVec::loadu(q[g] + d), load_floats(kj + d), sum);
+          float s = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, sum);
+          for (int64_t d = vec_dim; d < head_dim; ++d) s += q[g][d] * static_cast<float>(kj[d]);
+          scores[g * span + j] = s;
+          maxima[g] = std::max(maxima[g], s);
+        }
+      }
+      float totals[kMaxGroups];
+      for (int64_t g = 0; g < groups; ++g) {
+        float* s = scores.data() + g * span;
+        const fVec top(maxima[g]);
+        fVec total(0.0f);
+        int64_t j = 0;
+        for (; j + lanes <= span; j += lanes) {
+          fVec e = (fVec::loadu(s + j) - top).exp_u20();
+          e.store(s + j);
+          total = total + e;
+        }
+        float t = at::vec::vec_reduce_all<float>([](fVec& a, fVec& b) { return a + b; }, total);
+        for (; j < span; ++j) {
+          s[j] = std::exp(s[j] - maxima[g]);
+          t += s[j];
+        }
+        totals[g] = t;
+        std::fill(acc[g], acc[g] + head_dim, 0.0f);
+      }
+      const T* v = v_base + row * v_row + kv * v_head;
+      for (int64_t j = 0; j < span; ++j) {
+        if (!m[j * m_col]) continue;
+        const T* vj = v + j * v_col;
+        for (int64_t d = 0; d < vec_dim; d += lanes) {
+          const fVec vv = load_floats(vj + d);
+          for (int64_t g = 0; g < groups; ++g) {
+            at::vec::fmadd(fVec(scores[g * span + j]), vv, fVec::loadu(acc[g] + d)).store(acc[g] + d);
+          }
+        }
+        for (int64_t d = vec_dim; d < head_dim; ++d) {
+          const float vd = static_cast<float>(vj[d]);
+          for (int64_t g = 0; g < groups; ++g) acc[g][d] += scores[g * span + j] * vd;
+        }
+      }
+      for (int64_t g = 0; g < groups; ++g) {
+        const float inverse = 1.0f / totals[g];
+        for (int64_t d = 0; d < head_dim; ++d) acc[g][d] *= inverse;
+        store_floats(o + g * head_dim, acc[g], head_dim);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+// query [rows, heads, 1, head_dim]; key, value [rows, kv_heads, columns, head_dim] with their
+// last dimension contiguous (a slot cache's view); mask bool [rows, 1, 1, columns], true where
+// attended. Returns [rows, 1, heads, head_dim], as transformers' sdpa returns its output.
+at::Tensor decode_attention(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const at::Tensor& mask, double scale) {
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && mask.dim() == 4, "4-d tensors expected");
+  TORCH_CHECK(query.size(2) == 1, "one query token per row");
+  TORCH_CHECK(query.scalar_type() == key.scalar_type() && key.scalar_type() == value.scalar_type(), "one dtype");
+  TORCH_CHECK(mask.scalar_type() == at::kBool, "a boolean mask");
+  TORCH_CHECK(query.size(3) <= kMaxHeadDim && key.size(3) == query.size(3) && value.size(3) == query.size(3), "head_dim");
+  TORCH_CHECK(query.size(1) % key.size(1) == 0 && query.size(1) / key.size(1) <= kMaxGroups, "query heads per kv head");
+  TORCH_CHECK(key.stride(3) == 1 && value.stride(3) == 1, "contiguous head_dim");
+  TORCH_CHECK(mask.size(0) == query.size(0) && mask.size(3) == key.size(2), "mask shape");
+  const at::Tensor q = query.stride(3) == 1 ? query : query.contiguous();
+  at::Tensor out = at::empty({query.size(0), 1, query.size(1), query.size(3)}, query.options());
+  switch (query.scalar_type()) {
+    case at::kFloat: decode_kernel<float>(q, key, value, mask, scale, out); break;
+    case at::kBFloat16: decode_kernel<at::BFloat16>(q, key, value, mask, scale, out); break;
+    case at::kHalf: decode_kernel<at::Half>(q, key, value, mask, scale, out); break;
+    default: TORCH_CHECK(false, "float32, bfloat16 or float16 expected");
+  }
+  return out;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_attention", &decode_attention, "one-token-per-row attention over a slot cache");
+}
