@@ -8,9 +8,20 @@ import logging
 import pytest
 import torch
 
-from tests.engines import batched_engine, request, run_to_end, tiny_llama
+from transformers import LlamaForCausalLM
+
+from tests.engines import _tiny_config, batched_engine, request, run_to_end, tiny_llama
 from worker.engine import cpu_kernels
 from worker.engine.decode_attention import ATTENTION_NAME, KERNEL_ATTENTION_NAME, kernel_attention_forward
+
+
+def _wide_llama() -> LlamaForCausalLM:
+    """The tiny Llama with SmolLM2's head shape (head_dim 64, 3 query heads per key/value head): the
+    kernels' vectorized paths, prefill included, serve it."""
+    config = _tiny_config()
+    config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim = 96, 6, 2, 64
+    torch.manual_seed(0)
+    return LlamaForCausalLM(config).eval()
 
 
 def _reference(
@@ -90,7 +101,7 @@ def test_a_rows_output_does_not_depend_on_the_rows_beside_it(dtype: torch.dtype)
 def test_the_engine_decodes_the_same_greedy_tokens_with_and_without_the_kernel() -> None:
     prompts = {"a": [5, 6, 7], "b": [9, 10, 11, 12, 13, 14, 15, 16, 17], "c": [20]}
     requests = [request(rid, prompt, max_new_tokens=40) for rid, prompt in prompts.items()]
-    with_kernel, without = tiny_llama(), tiny_llama()
+    with_kernel, without = _wide_llama(), _wide_llama()
     kernel_engine, matmul_engine = (
         batched_engine(with_kernel),
         batched_engine(without, attention_kernel=False),
@@ -114,3 +125,65 @@ def test_where_the_kernel_cannot_be_built_the_engine_attends_with_matmuls(
     engine = batched_engine(model)
     assert model.config._attn_implementation == ATTENTION_NAME
     assert run_to_end(engine, [request("a", [5, 6, 7], max_new_tokens=8)])["a"]
+
+
+class _CausalLayer(torch.nn.Module):
+    is_causal = True
+
+    def __init__(self, groups: int = 3) -> None:
+        super().__init__()
+        self.num_key_value_groups = groups  # what sdpa reads where the kernel does not serve
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("heads", "kv_heads", "head_dim"), [(9, 3, 64), (4, 4, 128), (14, 2, 64)])
+# A whole prompt (causal, no mask), chunks over a past (a mask), one that is not a block multiple.
+@pytest.mark.parametrize(("queries", "past"), [(1, 0), (70, 0), (512, 0), (64, 100), (37, 1500), (3, 90)])
+def test_prefill_kernel_computes_what_sdpa_does(
+    dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, queries: int, past: int
+) -> None:
+    torch.manual_seed(queries + past)
+    keys = past + queries
+    # Queries as transformers hands them over: [batch, heads, queries, dim] transposed from its projection.
+    query = torch.randn(2, queries, heads, head_dim, dtype=dtype).transpose(1, 2)
+    key, value = (torch.randn(2, kv_heads, keys, head_dim, dtype=dtype) for _ in range(2))
+    causal = torch.arange(keys)[None, :] <= (past + torch.arange(queries))[:, None]
+    mask = None if past == 0 else causal[None, None].expand(2, 1, queries, keys)
+    output, weights = kernel_attention_forward(_CausalLayer(heads // kv_heads), query, key, value, mask)
+    assert weights is None and output.shape == (2, queries, heads, head_dim) and output.dtype == dtype
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    expected = _reference(query, key, value, causal[None, None])
+    torch.testing.assert_close(output.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_prefill_kernel_honours_padding_in_the_mask() -> None:
+    torch.manual_seed(3)
+    query = torch.randn(2, 9, 40, 64).transpose(1, 2).contiguous().transpose(1, 2)
+    key, value = torch.randn(2, 3, 40, 64), torch.randn(2, 3, 40, 64)
+    causal = torch.arange(40)[None, :] <= torch.arange(40)[:, None]
+    mask = causal[None, None].repeat(2, 1, 1, 1)
+    mask[1, ..., :13] = False  # row 1 left-padded by 13: its real queries never see the padding
+    mask[1, 0, :13, 0] = True  # (padding queries attend something, as transformers' masks have them)
+    output, _ = kernel_attention_forward(_CausalLayer(), query, key, value, mask)
+    torch.testing.assert_close(output, _reference(query, key, value, mask), atol=1e-5, rtol=1e-5)
+
+
+def test_prefill_of_a_model_through_the_kernel_gives_sdpas_logits(monkeypatch: pytest.MonkeyPatch) -> None:
+    kernels = cpu_kernels.kernels()
+    assert kernels is not None
+    calls = []
+    prefill = kernels.prefill_attention
+
+    def counted(*args: object) -> torch.Tensor:
+        calls.append(args)
+        return prefill(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kernels, "prefill_attention", counted)
+    torch.manual_seed(0)
+    model, plain = _wide_llama(), _wide_llama()
+    batched_engine(model)
+    prompt = torch.randint(0, 100, (1, 300))
+    with torch.inference_mode():
+        ours, theirs = model(prompt).logits, plain(prompt).logits  # the plain model's attention is sdpa
+    assert len(calls) == model.config.num_hidden_layers
+    torch.testing.assert_close(ours, theirs, atol=1e-4, rtol=1e-4)

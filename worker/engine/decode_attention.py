@@ -96,9 +96,15 @@ def kernel_attention_forward(
     scaling: float | None = None,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """As ``decode_attention_forward``, with eager CPU decode steps in the fused kernel: each row
-    reads only its own columns, in one pass (``cpu_kernels/attention.cpp``)."""
+    """As ``decode_attention_forward``, with eager CPU steps in the fused kernels
+    (``cpu_kernels/attention.cpp``): a decode step's rows each read only their own columns, in
+    one pass; a prefill chunk runs as flash attention, causal blocks skipped."""
     if not _is_decode(query, key, attention_mask, dropout, kwargs):
+        if _prefill_kernel_serves(module, query, key, value, attention_mask, dropout, kwargs):
+            kernels = cpu_kernels.kernels()
+            assert kernels is not None
+            scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+            return kernels.prefill_attention(query, key, value, attention_mask, scale), None
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
@@ -176,6 +182,47 @@ def _in_fp32(key: torch.Tensor) -> bool:
     # A compiled step (``compiled_decode.py``) keeps one path: a branch on its dynamic column count
     # would be a guard, and crossing it a recompile (50 s) mid-serving.
     return torch.compiler.is_compiling() or key.shape[0] * key.shape[2] < SMALL_CACHE_POSITIONS
+
+
+def _prefill_kernel_serves(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float,
+    kwargs: dict[str, Any],
+) -> bool:
+    """Whether the prefill kernel computes what sdpa would here: eager CPU, head_dim 64 or 128, a
+    boolean mask per query, or none on a causal layer whose queries are its last keys."""
+    if attention_mask is None:
+        causal = kwargs.get("is_causal")
+        causal = getattr(module, "is_causal", True) if causal is None else causal
+        masked = causal and query.shape[2] == key.shape[2] and query.shape[2] > 1
+    else:
+        masked = (
+            attention_mask.dtype == torch.bool
+            and attention_mask.dim() == 4
+            and attention_mask.shape[0] == query.shape[0]
+            and attention_mask.shape[1] == 1
+            and attention_mask.shape[2:] == (query.shape[2], key.shape[2])
+        )
+    return (
+        masked
+        and not torch.compiler.is_compiling()
+        and query.device.type == "cpu"
+        and query.shape[-1] in (64, 128)
+        and query.dtype in (torch.float32, torch.bfloat16, torch.float16)
+        and query.shape[1] % key.shape[1] == 0
+        and key.shape[0] == query.shape[0]
+        and query.stride(-1) == 1
+        and key.stride(-1) == 1
+        and value.stride(-1) == 1
+        and dropout == 0.0
+        and all(kwargs.get(name) is None for name in _UNHANDLED)
+        and (kernels := cpu_kernels.kernels()) is not None
+        and kernels.prefill_supported()
+    )
 
 
 def _is_decode(

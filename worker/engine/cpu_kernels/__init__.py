@@ -45,6 +45,12 @@ class AttentionKernels(Protocol):
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor, scale: float
     ) -> torch.Tensor: ...
 
+    def prefill_attention(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+    ) -> torch.Tensor: ...
+
+    def prefill_supported(self) -> bool: ...
+
 
 def _capability() -> str:
     import torch

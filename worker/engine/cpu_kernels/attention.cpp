@@ -246,6 +246,180 @@ void decode_kernel(
   });
 }
 
+#ifdef CPU_CAPABILITY_AVX512
+// Prefill: flash attention over a chunk of queries (see the header). Blocks: 32 queries with
+// their grouped heads share one pass over the key/value blocks of 64 they attend; scores and
+// the weighted values are register-tiled fp32 FMAs over the blocks widened once to fp32.
+constexpr int kQueryBlock = 32;
+constexpr int kKeyBlock = 64;
+constexpr int kScoreRows = 6;  // register tile of the scores: 6 rows x 64 keys = 24 accumulators
+
+struct PrefillShape {
+  int64_t q_len, k_len, heads, kv_heads, groups, head_dim;
+};
+
+// Lanes [a, b) of 16 set (none when b <= a).
+inline __mmask16 lanes_between(int64_t a, int64_t b) {
+  if (b <= a) return 0;
+  const uint32_t upto_b = b >= 16 ? 0xFFFFu : ((1u << b) - 1u);
+  const uint32_t upto_a = a <= 0 ? 0u : ((1u << a) - 1u);
+  return static_cast<__mmask16>(upto_b & ~upto_a);
+}
+
+// The 16 mask entries from key ``base`` on as lanes (false past the last key).
+inline __mmask16 mask_lanes(const bool* row, int64_t base, int64_t k_len, int64_t m_k) {
+  if (m_k == 1 && base + 16 <= k_len) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + base));
+    return _mm_test_epi8_mask(bytes, bytes);
+  }
+  __mmask16 keep = 0;
+  for (int lane = 0; lane < 16 && base + lane < k_len; ++lane) {
+    keep |= static_cast<__mmask16>(row[(base + lane) * m_k]) << lane;
+  }
+  return keep;
+}
+
+template <typename T, int DV>
+void prefill_task(
+    const PrefillShape& shape, const T* q, int64_t q_pos, int64_t q_head, const T* k, int64_t k_pos,
+    const T* v, int64_t v_pos, const bool* mask, int64_t m_q, int64_t m_k, float scale, int64_t q0,
+    T* o, int64_t o_pos) {
+  constexpr int D = 16 * DV;
+  constexpr int kValueRows = 24 / DV;  // register tile of the weighted values
+  const int64_t groups = shape.groups;
+  const int64_t queries = std::min<int64_t>(kQueryBlock, shape.q_len - q0);
+  const int64_t rows = queries * groups;  // row r: query q0 + r / groups, head r % groups
+  const int64_t padded_rows = (rows + kScoreRows - 1) / kScoreRows * kScoreRows + kValueRows;
+  std::vector<float> buffer(static_cast<size_t>(padded_rows * (D + kKeyBlock + D) + D * kKeyBlock + kKeyBlock * D + 64));
+  float* base = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(buffer.data()) + 63) & ~uintptr_t(63));
+  float* qf = base;                              // [padded_rows][D], scaled queries
+  float* scores = qf + padded_rows * D;          // [padded_rows][kKeyBlock]
+  float* acc = scores + padded_rows * kKeyBlock;  // [padded_rows][D]
+  float* keys_t = acc + padded_rows * D;         // [D][kKeyBlock], the key block transposed
+  float* values = keys_t + D * kKeyBlock;        // [kKeyBlock][D]
+  std::fill(qf, qf + padded_rows * D, 0.0f);
+  std::fill(acc, acc + padded_rows * D, 0.0f);
+  std::vector<float> maxima(static_cast<size_t>(rows), -std::numeric_limits<float>::infinity());
+  std::vector<float> totals(static_cast<size_t>(rows), 0.0f);
+  std::vector<int64_t> lo(static_cast<size_t>(queries)), hi(static_cast<size_t>(queries));
+  int64_t first = shape.k_len, last = 0;
+  for (int64_t i = 0; i < queries; ++i) {
+    const int64_t query = q0 + i;
+    if (mask == nullptr) {  // causal, the queries being the last q_len keys
+      lo[i] = 0;
+      hi[i] = shape.k_len - shape.q_len + query + 1;
+    } else {
+      const bool* row = mask + query * m_q;
+      int64_t a = 0, b = shape.k_len;
+      while (a < b && !row[a * m_k]) ++a;
+      while (b > a && !row[(b - 1) * m_k]) --b;
+      lo[i] = a;
+      hi[i] = b;
+    }
+    first = std::min(first, lo[i]);
+    last = std::max(last, hi[i]);
+    for (int64_t g = 0; g < groups; ++g) {
+      const T* src = q + query * q_pos + g * q_head;
+      float* dst = qf + (i * groups + g) * D;
+      for (int d = 0; d < D; ++d) dst[d] = static_cast<float>(src[d]) * scale;
+    }
+  }
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  for (int64_t j0 = first; j0 < last; j0 += kKeyBlock) {
+    const int64_t n = std::min<int64_t>(kKeyBlock, last - j0);
+    for (int64_t c = 0; c < n; ++c) {
+      const T* kc = k + (j0 + c) * k_pos;
+      const T* vc = v + (j0 + c) * v_pos;
+      for (int d = 0; d < D; ++d) keys_t[d * kKeyBlock + c] = static_cast<float>(kc[d]);
+      for (int d = 0; d < D; d += 16) load_floats(vc + d).store(values + c * D + d);
+    }
+    for (int64_t c = n; c < kKeyBlock; ++c) {
+      for (int d = 0; d < D; ++d) keys_t[d * kKeyBlock + c] = 0.0f;
+      std::fill(values + c * D, values + (c + 1) * D, 0.0f);
+    }
+    // Scores: a 6 x 64 tile per step, the query element broadcast against 64 keys.
+    for (int64_t r0 = 0; r0 < rows; r0 += kScoreRows) {
+      __m512 tile[kScoreRows][4];
+      for (int r = 0; r < kScoreRows; ++r)
+        for (int c = 0; c < 4; ++c) tile[r][c] = _mm512_setzero_ps();
+      for (int d = 0; d < D; ++d) {
+        const float* kt = keys_t + d * kKeyBlock;
+        const __m512 k0 = _mm512_load_ps(kt), k1 = _mm512_load_ps(kt + 16);
+        const __m512 k2 = _mm512_load_ps(kt + 32), k3 = _mm512_load_ps(kt + 48);
+        for (int r = 0; r < kScoreRows; ++r) {
+          const __m512 qd = _mm512_set1_ps(qf[(r0 + r) * D + d]);
+          tile[r][0] = _mm512_fmadd_ps(qd, k0, tile[r][0]);
+          tile[r][1] = _mm512_fmadd_ps(qd, k1, tile[r][1]);
+          tile[r][2] = _mm512_fmadd_ps(qd, k2, tile[r][2]);
+          tile[r][3] = _mm512_fmadd_ps(qd, k3, tile[r][3]);
+        }
+      }
+      for (int r = 0; r < kScoreRows; ++r)
+        for (int c = 0; c < 4; ++c) _mm512_store_ps(scores + (r0 + r) * kKeyBlock + 16 * c, tile[r][c]);
+    }
+    // Masks and the online softmax, row by row; each row's running output is rescaled below.
+    alignas(64) float rescale[kQueryBlock * kMaxGroups];
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = r / groups;
+      float* s = scores + r * kKeyBlock;
+      const bool* mrow = mask == nullptr ? nullptr : mask + (q0 + i) * m_q;
+      __m512 top = minus_inf;
+      for (int c = 0; c < 4; ++c) {
+        const int64_t base = j0 + 16 * c;
+        const __mmask16 keep = lanes_between(std::max(lo[i], base) - base, std::min({hi[i], j0 + n, base + 16}) - base) &
+            (mrow == nullptr ? __mmask16(0xFFFF) : mask_lanes(mrow, base, shape.k_len, m_k));
+        const __m512 sc = _mm512_mask_blend_ps(keep, minus_inf, _mm512_load_ps(s + 16 * c));
+        _mm512_store_ps(s + 16 * c, sc);
+        top = _mm512_max_ps(top, sc);
+      }
+      const float block_max = _mm512_reduce_max_ps(top);
+      const float new_max = std::max(maxima[r], block_max);
+      if (new_max == -std::numeric_limits<float>::infinity()) {  // nothing attended yet
+        for (int c = 0; c < 4; ++c) _mm512_store_ps(s + 16 * c, _mm512_setzero_ps());
+        rescale[r] = 1.0f;
+        continue;
+      }
+      const __m512 shift = _mm512_set1_ps(new_max);
+      __m512 sum = _mm512_setzero_ps();
+      for (int c = 0; c < 4; ++c) {
+        const __m512 e = __m512(fVec(_mm512_sub_ps(_mm512_load_ps(s + 16 * c), shift)).exp_u20());
+        _mm512_store_ps(s + 16 * c, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      const float alpha = maxima[r] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(maxima[r] - new_max);
+      totals[r] = totals[r] * alpha + _mm512_reduce_add_ps(sum);
+      maxima[r] = new_max;
+      rescale[r] = alpha;
+    }
+    // Weighted values: a kValueRows x D tile per step, each weight broadcast against a value row.
+    for (int64_t r0 = 0; r0 < rows; r0 += kValueRows) {
+      __m512 tile[kValueRows][DV];
+      for (int r = 0; r < kValueRows; ++r) {
+        const __m512 alpha = _mm512_set1_ps(r0 + r < rows ? rescale[r0 + r] : 0.0f);
+        for (int d = 0; d < DV; ++d) tile[r][d] = _mm512_mul_ps(alpha, _mm512_load_ps(acc + (r0 + r) * D + 16 * d));
+      }
+      for (int64_t c = 0; c < n; ++c) {
+        __m512 vv[DV];
+        for (int d = 0; d < DV; ++d) vv[d] = _mm512_load_ps(values + c * D + 16 * d);
+        for (int r = 0; r < kValueRows; ++r) {
+          const __m512 w = _mm512_set1_ps(scores[(r0 + r) * kKeyBlock + c]);
+          for (int d = 0; d < DV; ++d) tile[r][d] = _mm512_fmadd_ps(w, vv[d], tile[r][d]);
+        }
+      }
+      for (int r = 0; r < kValueRows; ++r)
+        for (int d = 0; d < DV; ++d) _mm512_store_ps(acc + (r0 + r) * D + 16 * d, tile[r][d]);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = r / groups, g = r % groups;
+    const float inverse = totals[r] > 0.0f ? 1.0f / totals[r] : 0.0f;
+    float* a = acc + r * D;
+    for (int d = 0; d < D; ++d) a[d] *= inverse;
+    store_floats(o + (q0 + i) * o_pos + g * D, a, D);
+  }
+}
+#endif
+
 }  // namespace
 
 // query [rows, heads, 1, head_dim]; key, value [rows, kv_heads, columns, head_dim] with their
@@ -273,6 +447,82 @@ at::Tensor decode_attention(
   return out;
 }
 
+// query [batch, heads, q_len, head_dim]; key, value [batch, kv_heads, k_len, head_dim] (the last
+// dimension contiguous); mask bool [batch, 1, q_len, k_len] (true where attended) or None for
+// causal attention with the queries as the last q_len keys. Returns [batch, q_len, heads,
+// head_dim], as transformers' sdpa does. head_dim 64 or 128, AVX-512 builds only (prefill_supported).
+at::Tensor prefill_attention(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+    const std::optional<at::Tensor>& mask, double scale) {
+#ifdef CPU_CAPABILITY_AVX512
+  TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4, "4-d tensors expected");
+  TORCH_CHECK(query.scalar_type() == key.scalar_type() && key.scalar_type() == value.scalar_type(), "one dtype");
+  const int64_t head_dim = query.size(3);
+  TORCH_CHECK(head_dim == 64 || head_dim == 128, "head_dim 64 or 128");
+  TORCH_CHECK(key.size(3) == head_dim && value.size(3) == head_dim && key.size(2) == value.size(2), "shapes");
+  TORCH_CHECK(query.size(1) % key.size(1) == 0 && query.size(1) / key.size(1) <= kMaxGroups, "query heads per kv head");
+  TORCH_CHECK(query.stride(3) == 1 && key.stride(3) == 1 && value.stride(3) == 1, "contiguous head_dim");
+  const PrefillShape shape{query.size(2), key.size(2), query.size(1), key.size(1), query.size(1) / key.size(1), head_dim};
+  TORCH_CHECK(shape.k_len >= shape.q_len || mask.has_value(), "causal needs the queries among the keys");
+  const int64_t batch = query.size(0);
+  if (mask.has_value()) {
+    TORCH_CHECK(mask->scalar_type() == at::kBool && mask->dim() == 4, "a boolean mask");
+    TORCH_CHECK(mask->size(0) == batch && mask->size(2) == shape.q_len && mask->size(3) == shape.k_len, "mask shape");
+  }
+  at::Tensor out = at::empty({batch, shape.q_len, shape.heads, head_dim}, query.options());
+  const int64_t blocks = (shape.q_len + kQueryBlock - 1) / kQueryBlock;
+  const int64_t tasks = batch * shape.kv_heads * blocks;
+  const float fscale = static_cast<float>(scale);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const T* qb = query.data_ptr<T>();
+    const T* kb = key.data_ptr<T>();
+    const T* vb = value.data_ptr<T>();
+    T* ob = out.data_ptr<T>();
+    const bool* mb = mask.has_value() ? mask->data_ptr<bool>() : nullptr;
+    // Later query blocks attend more keys: tasks are handed out one at a time, heaviest first.
+#pragma omp parallel for schedule(dynamic, 1) num_threads(at::get_num_threads())
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t block = blocks - 1 - t % blocks;
+      const int64_t kv = (t / blocks) % shape.kv_heads;
+      const int64_t b = t / (blocks * shape.kv_heads);
+      const T* q = qb + b * query.stride(0) + kv * shape.groups * query.stride(1);
+      const T* k = kb + b * key.stride(0) + kv * key.stride(1);
+      const T* v = vb + b * value.stride(0) + kv * value.stride(1);
+      const bool* m = mb == nullptr ? nullptr : mb + b * mask->stride(0);
+      const int64_t m_q = mb == nullptr ? 0 : mask->stride(2), m_k = mb == nullptr ? 0 : mask->stride(3);
+      T* o = ob + b * out.stride(0) + kv * shape.groups * head_dim;
+      if (head_dim == 64) {
+        prefill_task<T, 4>(shape, q, query.stride(2), query.stride(1), k, key.stride(2), v, value.stride(2), m,
+                           m_q, m_k, fscale, block * kQueryBlock, o, out.stride(1));
+      } else {
+        prefill_task<T, 8>(shape, q, query.stride(2), query.stride(1), k, key.stride(2), v, value.stride(2), m,
+                           m_q, m_k, fscale, block * kQueryBlock, o, out.stride(1));
+      }
+    }
+  };
+  switch (query.scalar_type()) {
+    case at::kFloat: run(float{}); break;
+    case at::kBFloat16: run(at::BFloat16{}); break;
+    case at::kHalf: run(at::Half{}); break;
+    default: TORCH_CHECK(false, "float32, bfloat16 or float16 expected");
+  }
+  return out;
+#else
+  TORCH_CHECK(false, "prefill_attention is built for AVX-512 only");
+#endif
+}
+
+bool prefill_supported() {
+#ifdef CPU_CAPABILITY_AVX512
+  return true;
+#else
+  return false;
+#endif
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "one-token-per-row attention over a slot cache");
+  m.def("prefill_attention", &prefill_attention, "flash attention over a chunk of queries");
+  m.def("prefill_supported", &prefill_supported, "whether this build has prefill_attention");
 }
