@@ -7,7 +7,6 @@ import logging
 
 import pytest
 import torch
-
 from transformers import LlamaForCausalLM
 
 from tests.engines import _tiny_config, batched_engine, request, run_to_end, tiny_llama

@@ -46,7 +46,12 @@ class AttentionKernels(Protocol):
     ) -> torch.Tensor: ...
 
     def prefill_attention(
-        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None, scale: float
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None,
+        scale: float,
     ) -> torch.Tensor: ...
 
     def prefill_supported(self) -> bool: ...
