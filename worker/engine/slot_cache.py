@@ -23,7 +23,8 @@ leave (``keep``: the kept rows move down to stay packed). A failed forward needs
 undo: it can only have written at columns past every row's length, which nothing
 reads; ``advance`` counts the new token only after a forward succeeded.
 
-Half-precision steps on CPU read whole slots instead (``whole_slots``): oneDNN's bf16
+Half-precision steps on CPU that attend with matmuls (the fused kernel off or not built:
+``decode_attention.py``) read whole slots instead (``whole_slots``): oneDNN's bf16
 matmul copies an operand that is not contiguous (torch's ``mkldnn_matmul``), and the
 first columns of every slot are not, so each layer copied its keys and values every
 step: 29.6 of a 116 ms 16-row bf16 step at ~1,450 columns (torch.profiler), and per

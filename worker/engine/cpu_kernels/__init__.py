@@ -1,10 +1,14 @@
 """Owns the engine's own CPU kernels: C++ built once per machine, loaded by the worker, optional.
 
-Why: on CPU, torch's products and softmax run attention's one-token query as several
-passes over memory, each at a fraction of the machine's bandwidth (decode_attention.py
-has the measurements), and over every row's padded columns. ``attention.cpp`` fuses
-scores, softmax and the weighted values into one pass per row and key/value head,
-over the row's own columns only.
+Why: on CPU, torch runs attention as separate products, masks and softmaxes, each a
+pass over memory at a fraction of the machine's bandwidth, over every row's padded
+columns; and its flash kernel spends prefill time in ``exp`` and masks rather than in
+the products (docs/performance.md, "Where the eager CPU path stops"). ``attention.cpp``
+fuses them: decode, one pass per row and key/value head over the row's own columns;
+prefill, flash attention in register-tiled fp32 blocks, causal blocks skipped. On this
+2-core EPYC, SmolLM2's heads: a 16-row x 1,450-column bf16 decode layer 1,925 -> 727 us
+(504 with ragged rows), a 512-query chunk over 1,500 past tokens 18.7 -> 13.0 ms, as
+fast as vLLM's own CPU kernel; the long-prompt workload in-process 69.5 -> 92.1 tok/s.
 
 Built with torch's ``cpp_extension`` (gcc and ninja) for this machine's vector ISA,
 the one torch itself dispatches to (AVX-512, AVX2 or plain), into torch's extension
@@ -30,8 +34,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("attention.cpp")
-# torch's extension loader keys its build directory by name: the source's hash in the name keeps
-# a stale build from ever being loaded against a changed source or another ISA.
+# torch's extension loader keys its build directory by name: the source's hash in the name
+# (``_name``) keeps a stale build from ever being loaded against a changed source or another ISA.
 _ARCH_FLAGS = {
     "AVX512": ["-DCPU_CAPABILITY_AVX512", "-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx512bw", "-mfma"],
     "AVX2": ["-DCPU_CAPABILITY_AVX2", "-mavx2", "-mfma", "-mf16c"],
@@ -68,7 +72,11 @@ def _flags() -> list[str]:
 
 
 def _name() -> str:
-    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_flags()).encode()).hexdigest()[:12]
+    import torch
+
+    # torch's version too: a build links against one torch's ABI, and two venvs share the directory.
+    stamp = " ".join([*_flags(), torch.__version__]).encode()
+    digest = hashlib.sha256(_SOURCE.read_bytes() + stamp).hexdigest()[:12]
     return f"tokenferry_cpu_attention_{digest}"
 
 
