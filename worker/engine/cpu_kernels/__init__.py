@@ -67,8 +67,17 @@ def _capability() -> str:
     return str(torch.backends.cpu.get_cpu_capability())
 
 
+def _has_avx512_bf16() -> bool:
+    import torch
+
+    probe = getattr(torch.cpu, "_is_avx512_bf16_supported", None)
+    return _capability() == "AVX512" and probe is not None and bool(probe())
+
+
 def _flags() -> list[str]:
-    return ["-O3", "-fopenmp", *_ARCH_FLAGS.get(_capability(), [])]
+    # AVX512_BF16 cores (Zen 4 and later, Cooper Lake and later) get bf16 dot products.
+    bf16 = ["-mavx512bf16", "-DTOKENFERRY_AVX512_BF16"] if _has_avx512_bf16() else []
+    return ["-O3", "-fopenmp", *_ARCH_FLAGS.get(_capability(), []), *bf16]
 
 
 def _name() -> str:

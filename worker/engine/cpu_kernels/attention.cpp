@@ -129,6 +129,101 @@ void decode_task_avx512(
 }
 #endif
 
+#ifdef TOKENFERRY_AVX512_BF16
+// bf16 rows on cores with AVX512_BF16: keys and values stay bf16 and meet the query (scores) and
+// the weights (values) in dot products of pairs (vdpbf16ps), fp32 accumulation, as oneDNN's bf16
+// products do. No widening pass, half the multiply instructions of the fp32 path above.
+template <int DV>
+void decode_task_bf16(
+    const at::BFloat16* q, int64_t q_head, int64_t groups, float scale, const at::BFloat16* k, int64_t k_col,
+    const at::BFloat16* v, int64_t v_col, const bool* m, int64_t m_col, int64_t span, float* scores,
+    at::BFloat16* o) {
+  constexpr int D = 16 * DV;
+  constexpr int W = DV / 2;  // 512-bit registers of 32 bf16 per row
+  const int64_t padded = (span + 15) / 16 * 16;
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m512 scale_v = _mm512_set1_ps(scale);
+  float maxima[kMaxGroups];
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i qv[W];
+    for (int w = 0; w < W; ++w) qv[w] = _mm512_loadu_si512(q + g * q_head + 32 * w);
+    __m512 top = minus_inf;
+    for (int64_t j0 = 0; j0 < padded; j0 += 16) {
+      const int64_t n = std::min<int64_t>(16, span - j0);
+      __mmask16 keep = 0;
+      __m512 partial[16];
+      for (int c = 0; c < 16; ++c) {
+        __m512 acc = _mm512_setzero_ps();
+        if (c < n) {
+          const at::BFloat16* kc = k + (j0 + c) * k_col;
+          for (int w = 0; w < W; ++w) acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(kc + 32 * w), (__m512bh)qv[w]);
+          if (m[(j0 + c) * m_col]) keep |= static_cast<__mmask16>(1u << c);
+        }
+        partial[c] = acc;
+      }
+      const __m512 sv = _mm512_mask_blend_ps(keep, minus_inf, _mm512_mul_ps(sum16(partial), scale_v));
+      _mm512_storeu_ps(scores + g * padded + j0, sv);
+      top = _mm512_max_ps(top, sv);
+    }
+    maxima[g] = _mm512_reduce_max_ps(top);
+  }
+  float totals[kMaxGroups];
+  for (int64_t g = 0; g < groups; ++g) {
+    float* sg = scores + g * padded;
+    const __m512 top = _mm512_set1_ps(maxima[g]);
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t j = 0; j < padded; j += 16) {
+      const __m512 e = __m512(fVec(_mm512_sub_ps(_mm512_loadu_ps(sg + j), top)).exp_u20());
+      _mm512_storeu_ps(sg + j, e);
+      total = _mm512_add_ps(total, e);
+    }
+    totals[g] = _mm512_reduce_add_ps(total);
+  }
+  // Values in column pairs: the two rows' bf16 interleaved (unpack lo/hi), each group's pair of
+  // weights broadcast as one 32-bit lane. Accumulator lanes hold d in the unpack's order, put
+  // back in place at the end.
+  __m512 acc[kMaxGroups][2 * W];
+  for (int64_t g = 0; g < groups; ++g)
+    for (int w = 0; w < 2 * W; ++w) acc[g][w] = _mm512_setzero_ps();
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t j = 0; j < span; j += 2) {
+    const bool pair = j + 1 < span;
+    const at::BFloat16* v0 = v + j * v_col;
+    const at::BFloat16* v1 = v + (j + 1) * v_col;
+    __m512i lo[W], hi[W];
+    for (int w = 0; w < W; ++w) {
+      const __m512i a = _mm512_loadu_si512(v0 + 32 * w);
+      const __m512i b = pair ? _mm512_loadu_si512(v1 + 32 * w) : zero;
+      lo[w] = _mm512_unpacklo_epi16(a, b);
+      hi[w] = _mm512_unpackhi_epi16(a, b);
+    }
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* sg = scores + g * padded;
+      const uint32_t w0 = c10::bit_cast<uint16_t>(at::BFloat16(sg[j]));
+      const uint32_t w1 = pair ? c10::bit_cast<uint16_t>(at::BFloat16(sg[j + 1])) : 0u;
+      const __m512bh weights = (__m512bh)_mm512_set1_epi32(static_cast<int>(w0 | (w1 << 16)));
+      for (int w = 0; w < W; ++w) {
+        acc[g][2 * w] = _mm512_dpbf16_ps(acc[g][2 * w], (__m512bh)lo[w], weights);
+        acc[g][2 * w + 1] = _mm512_dpbf16_ps(acc[g][2 * w + 1], (__m512bh)hi[w], weights);
+      }
+    }
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    const float inverse = 1.0f / totals[g];
+    alignas(64) float lanes[2 * W][16];
+    for (int w = 0; w < 2 * W; ++w) _mm512_store_ps(lanes[w], _mm512_mul_ps(acc[g][w], _mm512_set1_ps(inverse)));
+    at::BFloat16* og = o + g * D;
+    // Register 2w (lo) lane 4L+i holds d = 32w + 8L + i, register 2w+1 (hi) holds d = 32w + 8L + 4 + i.
+    for (int w = 0; w < W; ++w)
+      for (int L = 0; L < 4; ++L)
+        for (int i = 0; i < 4; ++i) {
+          og[32 * w + 8 * L + i] = at::BFloat16(lanes[2 * w][4 * L + i]);
+          og[32 * w + 8 * L + 4 + i] = at::BFloat16(lanes[2 * w + 1][4 * L + i]);
+        }
+  }
+}
+#endif
+
 template <typename T>
 void decode_kernel(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -171,6 +266,23 @@ void decode_kernel(
         const T* qs = q_base + row * q_row + (kv * groups + g) * q_head;
         for (int64_t d = 0; d < head_dim; ++d) q[g][d] = static_cast<float>(qs[d]) * static_cast<float>(scale);
       }
+#ifdef TOKENFERRY_AVX512_BF16
+      if constexpr (std::is_same_v<T, at::BFloat16>) {
+        if (head_dim == 64 || head_dim == 128) {
+          scores.resize(static_cast<size_t>(groups * ((span + 15) / 16 * 16)));
+          const T* qr = q_base + row * q_row + kv * groups * q_head;
+          const T* kr = k_base + row * k_row + kv * k_head;
+          const T* vr = v_base + row * v_row + kv * v_head;
+          const float sc = static_cast<float>(scale);
+          if (head_dim == 64) {
+            decode_task_bf16<4>(qr, q_head, groups, sc, kr, k_col, vr, v_col, m, m_col, span, scores.data(), o);
+          } else {
+            decode_task_bf16<8>(qr, q_head, groups, sc, kr, k_col, vr, v_col, m, m_col, span, scores.data(), o);
+          }
+          continue;
+        }
+      }
+#endif
 #ifdef CPU_CAPABILITY_AVX512
       if (head_dim == 64 || head_dim == 128) {
         scores.resize(static_cast<size_t>(groups * ((span + 15) / 16 * 16)));
@@ -285,7 +397,14 @@ void prefill_task(
     const T* v, int64_t v_pos, const bool* mask, int64_t m_q, int64_t m_k, float scale, int64_t q0,
     T* o, int64_t o_pos) {
   constexpr int D = 16 * DV;
-  constexpr int kValueRows = 24 / DV;  // register tile of the weighted values
+  constexpr int kValueRows = 24 / DV;
+#ifdef TOKENFERRY_AVX512_BF16
+  // bf16 on AVX512_BF16 cores: products as dot products of bf16 pairs (vdpbf16ps), fp32 sums; the
+  // key and value blocks are laid out in pairs (VNNI) instead of widened.
+  constexpr bool dots = std::is_same_v<T, at::BFloat16>;
+#else
+  constexpr bool dots = false;
+#endif  // register tile of the weighted values
   const int64_t groups = shape.groups;
   const int64_t queries = std::min<int64_t>(kQueryBlock, shape.q_len - q0);
   const int64_t rows = queries * groups;  // row r: query q0 + r / groups, head r % groups
@@ -324,34 +443,80 @@ void prefill_task(
       for (int d = 0; d < D; ++d) dst[d] = static_cast<float>(src[d]) * scale;
     }
   }
+  std::vector<uint16_t> q16(dots ? static_cast<size_t>(padded_rows * D) : 0);  // the scaled queries in bf16
+  std::vector<uint32_t> p16(dots ? static_cast<size_t>(padded_rows * kKeyBlock / 2) : 0);  // weights, in pairs
+  if constexpr (dots) {
+    for (int64_t i = 0; i < padded_rows * D; ++i) q16[i] = c10::bit_cast<uint16_t>(at::BFloat16(qf[i]));
+  }
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   for (int64_t j0 = first; j0 < last; j0 += kKeyBlock) {
     const int64_t n = std::min<int64_t>(kKeyBlock, last - j0);
-    for (int64_t c = 0; c < n; ++c) {
-      const T* kc = k + (j0 + c) * k_pos;
-      const T* vc = v + (j0 + c) * v_pos;
-      for (int d = 0; d < D; ++d) keys_t[d * kKeyBlock + c] = static_cast<float>(kc[d]);
-      for (int d = 0; d < D; d += 16) load_floats(vc + d).store(values + c * D + d);
-    }
-    for (int64_t c = n; c < kKeyBlock; ++c) {
-      for (int d = 0; d < D; ++d) keys_t[d * kKeyBlock + c] = 0.0f;
-      std::fill(values + c * D, values + (c + 1) * D, 0.0f);
+    if constexpr (dots) {
+#ifdef TOKENFERRY_AVX512_BF16
+      // Keys: [D / 2 pairs][64 keys] of 32-bit (two bf16 of one key); values: per pair of keys, the
+      // two rows interleaved by unpack lo/hi (d in the unpack's order, restored at the end).
+      uint32_t* keys_p = reinterpret_cast<uint32_t*>(keys_t);
+      __m512i* values_p = reinterpret_cast<__m512i*>(values);
+      for (int64_t c = 0; c < kKeyBlock; ++c) {
+        const uint32_t* kc = reinterpret_cast<const uint32_t*>(k + (j0 + c) * k_pos);
+        for (int d2 = 0; d2 < D / 2; ++d2) keys_p[d2 * kKeyBlock + c] = c < n ? kc[d2] : 0u;
+      }
+      const __m512i zero = _mm512_setzero_si512();
+      for (int64_t c = 0; c < kKeyBlock; c += 2) {
+        for (int w = 0; w < DV / 2; ++w) {
+          const __m512i a = c < n ? _mm512_loadu_si512(v + (j0 + c) * v_pos + 32 * w) : zero;
+          const __m512i b = c + 1 < n ? _mm512_loadu_si512(v + (j0 + c + 1) * v_pos + 32 * w) : zero;
+          values_p[(c / 2) * DV + 2 * w] = _mm512_unpacklo_epi16(a, b);
+          values_p[(c / 2) * DV + 2 * w + 1] = _mm512_unpackhi_epi16(a, b);
+        }
+      }
+#endif
+    } else {
+      for (int64_t c = 0; c < n; ++c) {
+        const T* kc = k + (j0 + c) * k_pos;
+        const T* vc = v + (j0 + c) * v_pos;
+        for (int d = 0; d < D; ++d) keys_t[d * kKeyBlock + c] = static_cast<float>(kc[d]);
+        for (int d = 0; d < D; d += 16) load_floats(vc + d).store(values + c * D + d);
+      }
+      for (int64_t c = n; c < kKeyBlock; ++c) {
+        for (int d = 0; d < D; ++d) keys_t[d * kKeyBlock + c] = 0.0f;
+        std::fill(values + c * D, values + (c + 1) * D, 0.0f);
+      }
     }
     // Scores: a 6 x 64 tile per step, the query element broadcast against 64 keys.
     for (int64_t r0 = 0; r0 < rows; r0 += kScoreRows) {
       __m512 tile[kScoreRows][4];
       for (int r = 0; r < kScoreRows; ++r)
         for (int c = 0; c < 4; ++c) tile[r][c] = _mm512_setzero_ps();
-      for (int d = 0; d < D; ++d) {
-        const float* kt = keys_t + d * kKeyBlock;
-        const __m512 k0 = _mm512_load_ps(kt), k1 = _mm512_load_ps(kt + 16);
-        const __m512 k2 = _mm512_load_ps(kt + 32), k3 = _mm512_load_ps(kt + 48);
-        for (int r = 0; r < kScoreRows; ++r) {
-          const __m512 qd = _mm512_set1_ps(qf[(r0 + r) * D + d]);
-          tile[r][0] = _mm512_fmadd_ps(qd, k0, tile[r][0]);
-          tile[r][1] = _mm512_fmadd_ps(qd, k1, tile[r][1]);
-          tile[r][2] = _mm512_fmadd_ps(qd, k2, tile[r][2]);
-          tile[r][3] = _mm512_fmadd_ps(qd, k3, tile[r][3]);
+      if constexpr (dots) {
+#ifdef TOKENFERRY_AVX512_BF16
+        const uint32_t* keys_p = reinterpret_cast<const uint32_t*>(keys_t);
+        const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q16.data());
+        for (int d2 = 0; d2 < D / 2; ++d2) {
+          const uint32_t* kt = keys_p + d2 * kKeyBlock;
+          const __m512bh k0 = (__m512bh)_mm512_load_si512(kt), k1 = (__m512bh)_mm512_load_si512(kt + 16);
+          const __m512bh k2 = (__m512bh)_mm512_load_si512(kt + 32), k3 = (__m512bh)_mm512_load_si512(kt + 48);
+          for (int r = 0; r < kScoreRows; ++r) {
+            const __m512bh qd = (__m512bh)_mm512_set1_epi32(static_cast<int>(q32[((r0 + r) * D) / 2 + d2]));
+            tile[r][0] = _mm512_dpbf16_ps(tile[r][0], qd, k0);
+            tile[r][1] = _mm512_dpbf16_ps(tile[r][1], qd, k1);
+            tile[r][2] = _mm512_dpbf16_ps(tile[r][2], qd, k2);
+            tile[r][3] = _mm512_dpbf16_ps(tile[r][3], qd, k3);
+          }
+        }
+#endif
+      } else {
+        for (int d = 0; d < D; ++d) {
+          const float* kt = keys_t + d * kKeyBlock;
+          const __m512 k0 = _mm512_load_ps(kt), k1 = _mm512_load_ps(kt + 16);
+          const __m512 k2 = _mm512_load_ps(kt + 32), k3 = _mm512_load_ps(kt + 48);
+          for (int r = 0; r < kScoreRows; ++r) {
+            const __m512 qd = _mm512_set1_ps(qf[(r0 + r) * D + d]);
+            tile[r][0] = _mm512_fmadd_ps(qd, k0, tile[r][0]);
+            tile[r][1] = _mm512_fmadd_ps(qd, k1, tile[r][1]);
+            tile[r][2] = _mm512_fmadd_ps(qd, k2, tile[r][2]);
+            tile[r][3] = _mm512_fmadd_ps(qd, k3, tile[r][3]);
+          }
         }
       }
       for (int r = 0; r < kScoreRows; ++r)
@@ -376,6 +541,7 @@ void prefill_task(
       const float new_max = std::max(maxima[r], block_max);
       if (new_max == -std::numeric_limits<float>::infinity()) {  // nothing attended yet
         for (int c = 0; c < 4; ++c) _mm512_store_ps(s + 16 * c, _mm512_setzero_ps());
+        if constexpr (dots) std::fill(p16.begin() + r * (kKeyBlock / 2), p16.begin() + (r + 1) * (kKeyBlock / 2), 0u);
         rescale[r] = 1.0f;
         continue;
       }
@@ -385,6 +551,10 @@ void prefill_task(
         const __m512 e = __m512(fVec(_mm512_sub_ps(_mm512_load_ps(s + 16 * c), shift)).exp_u20());
         _mm512_store_ps(s + 16 * c, e);
         sum = _mm512_add_ps(sum, e);
+      }
+      if constexpr (dots) {
+        uint16_t* pr = reinterpret_cast<uint16_t*>(p16.data() + r * (kKeyBlock / 2));
+        for (int c = 0; c < kKeyBlock; ++c) pr[c] = c10::bit_cast<uint16_t>(at::BFloat16(s[c]));
       }
       const float alpha = maxima[r] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(maxima[r] - new_max);
       totals[r] = totals[r] * alpha + _mm512_reduce_add_ps(sum);
@@ -398,12 +568,26 @@ void prefill_task(
         const __m512 alpha = _mm512_set1_ps(r0 + r < rows ? rescale[r0 + r] : 0.0f);
         for (int d = 0; d < DV; ++d) tile[r][d] = _mm512_mul_ps(alpha, _mm512_load_ps(acc + (r0 + r) * D + 16 * d));
       }
-      for (int64_t c = 0; c < n; ++c) {
-        __m512 vv[DV];
-        for (int d = 0; d < DV; ++d) vv[d] = _mm512_load_ps(values + c * D + 16 * d);
-        for (int r = 0; r < kValueRows; ++r) {
-          const __m512 w = _mm512_set1_ps(scores[(r0 + r) * kKeyBlock + c]);
-          for (int d = 0; d < DV; ++d) tile[r][d] = _mm512_fmadd_ps(w, vv[d], tile[r][d]);
+      if constexpr (dots) {
+#ifdef TOKENFERRY_AVX512_BF16
+        const __m512i* values_p = reinterpret_cast<const __m512i*>(values);
+        for (int64_t c2 = 0; c2 < (n + 1) / 2; ++c2) {
+          __m512bh vv[DV];
+          for (int d = 0; d < DV; ++d) vv[d] = (__m512bh)_mm512_load_si512(values_p + c2 * DV + d);
+          for (int r = 0; r < kValueRows; ++r) {
+            const __m512bh w = (__m512bh)_mm512_set1_epi32(static_cast<int>(p16[(r0 + r) * (kKeyBlock / 2) + c2]));
+            for (int d = 0; d < DV; ++d) tile[r][d] = _mm512_dpbf16_ps(tile[r][d], w, vv[d]);
+          }
+        }
+#endif
+      } else {
+        for (int64_t c = 0; c < n; ++c) {
+          __m512 vv[DV];
+          for (int d = 0; d < DV; ++d) vv[d] = _mm512_load_ps(values + c * D + 16 * d);
+          for (int r = 0; r < kValueRows; ++r) {
+            const __m512 w = _mm512_set1_ps(scores[(r0 + r) * kKeyBlock + c]);
+            for (int d = 0; d < DV; ++d) tile[r][d] = _mm512_fmadd_ps(w, vv[d], tile[r][d]);
+          }
         }
       }
       for (int r = 0; r < kValueRows; ++r)
@@ -415,7 +599,17 @@ void prefill_task(
     const float inverse = totals[r] > 0.0f ? 1.0f / totals[r] : 0.0f;
     float* a = acc + r * D;
     for (int d = 0; d < D; ++d) a[d] *= inverse;
-    store_floats(o + (q0 + i) * o_pos + g * D, a, D);
+    if constexpr (dots) {  // register 2w lane 4L+i holds d = 32w + 8L + i; register 2w+1, d + 4
+      T* out = o + (q0 + i) * o_pos + g * D;
+      for (int w = 0; w < DV / 2; ++w)
+        for (int L = 0; L < 4; ++L)
+          for (int x = 0; x < 4; ++x) {
+            out[32 * w + 8 * L + x] = static_cast<T>(a[32 * w + 4 * L + x]);
+            out[32 * w + 8 * L + 4 + x] = static_cast<T>(a[32 * w + 16 + 4 * L + x]);
+          }
+    } else {
+      store_floats(o + (q0 + i) * o_pos + g * D, a, D);
+    }
   }
 }
 #endif
