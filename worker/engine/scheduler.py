@@ -37,7 +37,7 @@ from worker.engine import EngineRequest, output_start
 class BatchLimits:
     max_batch_size: int = 32
     max_batch_tokens: int = 131_072
-    max_prefill_tokens: int = 512
+    max_prefill_tokens: int = 2048
 
 
 @dataclass(frozen=True, slots=True)
