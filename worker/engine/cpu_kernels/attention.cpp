@@ -224,6 +224,38 @@ void decode_task_bf16(
 }
 #endif
 
+// One past the last attended key in mask[0, end) (0 if none), and the first at or after
+// ``begin``: 64 keys a step where the mask is contiguous, as transformers' masks are. A 512-query
+// chunk over 1,500 keys scanned byte by byte cost about 0.3 ms a layer.
+inline int64_t attended_end(const bool* mask, int64_t end, int64_t stride) {
+#ifdef CPU_CAPABILITY_AVX512
+  if (stride == 1) {
+    while (end >= 64) {
+      const uint64_t bits = _mm512_test_epi8_mask(
+          _mm512_loadu_si512(mask + end - 64), _mm512_loadu_si512(mask + end - 64));
+      if (bits != 0) return end - 64 + (63 - __builtin_clzll(bits)) + 1;
+      end -= 64;
+    }
+  }
+#endif
+  while (end > 0 && !mask[(end - 1) * stride]) --end;
+  return end;
+}
+
+inline int64_t attended_begin(const bool* mask, int64_t begin, int64_t end, int64_t stride) {
+#ifdef CPU_CAPABILITY_AVX512
+  if (stride == 1) {
+    while (begin + 64 <= end) {
+      const uint64_t bits = _mm512_test_epi8_mask(_mm512_loadu_si512(mask + begin), _mm512_loadu_si512(mask + begin));
+      if (bits != 0) return begin + __builtin_ctzll(bits);
+      begin += 64;
+    }
+  }
+#endif
+  while (begin < end && !mask[begin * stride]) ++begin;
+  return begin;
+}
+
 template <typename T>
 void decode_kernel(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
@@ -256,7 +288,7 @@ void decode_kernel(
       const int64_t kv = task % kv_heads;
       const bool* m = m_base + row * m_row;
       int64_t span = columns;
-      while (span > 0 && !m[(span - 1) * m_col]) --span;
+      span = attended_end(m, span, m_col);
       T* o = o_base + (row * heads + kv * groups) * head_dim;
       if (span == 0) {  // nothing attended: zeros, as a softmax over nothing has no answer
         for (int64_t i = 0; i < groups * head_dim; ++i) o[i] = static_cast<T>(0.0f);
@@ -430,8 +462,8 @@ void prefill_task(
     } else {
       const bool* row = mask + query * m_q;
       int64_t a = 0, b = shape.k_len;
-      while (a < b && !row[a * m_k]) ++a;
-      while (b > a && !row[(b - 1) * m_k]) --b;
+      b = attended_end(row, b, m_k);
+      a = attended_begin(row, a, b, m_k);
       lo[i] = a;
       hi[i] = b;
     }
