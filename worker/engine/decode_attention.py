@@ -4,9 +4,9 @@ or on CPU in the fused kernels (``cpu_kernels``).
 Two names are registered: ``ATTENTION_NAME`` (the matmuls below; GPUs, compiled steps, and CPUs
 where the kernel is off or cannot be built) and ``KERNEL_ATTENTION_NAME``, whose eager CPU
 forwards go to ``cpu_kernels/attention.cpp``: decode steps, and prefill chunks with a boolean
-mask or none on a causal layer (head_dim 64 or 128). The kernels are 1.6-9x the matmuls in
-decode and 1.4-2.3x sdpa in prefill here (docs/performance.md has the tables); the rest of this
-docstring is about the matmuls.
+mask or none on a causal layer (head_dim 64 or 128). In bf16 the kernels are 3.6-12x the
+matmuls in decode and 2.1-3.6x sdpa in prefill here (docs/performance.md has the tables); the
+rest of this docstring is about the matmuls.
 
 Registered with transformers' ``AttentionInterface`` (and its mask interface, as
 sdpa's) under ``ATTENTION_NAME``, and selected on the model at load when its layers

@@ -5,10 +5,11 @@ pass over memory at a fraction of the machine's bandwidth, over every row's padd
 columns; and its flash kernel spends prefill time in ``exp`` and masks rather than in
 the products (docs/performance.md, "Where the eager CPU path stops"). ``attention.cpp``
 fuses them: decode, one pass per row and key/value head over the row's own columns;
-prefill, flash attention in register-tiled fp32 blocks, causal blocks skipped. On this
-2-core EPYC, SmolLM2's heads: a 16-row x 1,450-column bf16 decode layer 1,925 -> 727 us
-(504 with ragged rows), a 512-query chunk over 1,500 past tokens 18.7 -> 13.0 ms, as
-fast as vLLM's own CPU kernel; the long-prompt workload in-process 69.5 -> 92.1 tok/s.
+prefill, flash attention in register-tiled blocks, causal blocks skipped; bf16 in
+bf16 dot products where the cores have AVX512_BF16, else in fp32. On this 2-core EPYC,
+SmolLM2's heads, bf16: a 16-row x 1,450-column decode layer 1,925 -> 563 us (354 with
+ragged rows; vLLM's own CPU kernel 753), a 512-query chunk over 1,500 past tokens
+18.7 -> 8.4 ms (vLLM's 13.7); the long-prompt workload in-process 69.5 -> 102 tok/s.
 
 Built with torch's ``cpp_extension`` (gcc and ninja) for this machine's vector ISA,
 the one torch itself dispatches to (AVX-512, AVX2 or plain), into torch's extension
