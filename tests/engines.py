@@ -144,3 +144,18 @@ def run_with_failures(
             if update.failed:
                 failed.add(update.request_id)
     return produced, failed
+
+
+def sdpa_reference(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
+    """Attention as torch's sdpa computes it in fp32, grouped heads repeated.
+
+    Shaped ``[rows, queries, heads, dim]``, as transformers' attention functions return it.
+    """
+    groups = query.shape[1] // key.shape[1]
+    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query.float(), key.float(), value.float(), attn_mask=mask
+    )
+    return output.transpose(1, 2)

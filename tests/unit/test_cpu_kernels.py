@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import LlamaForCausalLM
 
-from tests.engines import _tiny_config, batched_engine, request, run_to_end, tiny_llama
+from tests.engines import _tiny_config, batched_engine, request, run_to_end, sdpa_reference, tiny_llama
 from worker.engine import cpu_kernels
 from worker.engine.decode_attention import ATTENTION_NAME, KERNEL_ATTENTION_NAME, kernel_attention_forward
 
@@ -21,17 +21,6 @@ def _wide_llama() -> LlamaForCausalLM:
     config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim = 96, 6, 2, 64
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
-
-
-def _reference(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    output = torch.nn.functional.scaled_dot_product_attention(
-        query.float(), key.float(), value.float(), attn_mask=mask
-    )
-    return output.transpose(1, 2)
 
 
 def _slot_view(rows: int, kv_heads: int, columns: int, head_dim: int, dtype: torch.dtype) -> torch.Tensor:
@@ -63,7 +52,7 @@ def test_kernel_computes_what_sdpa_does(
     assert weights is None and output.shape == (rows, 1, heads, head_dim) and output.dtype == dtype
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(
-        output.float(), _reference(query, key, value, mask), atol=tolerance, rtol=tolerance
+        output.float(), sdpa_reference(query, key, value, mask), atol=tolerance, rtol=tolerance
     )
 
 
@@ -74,7 +63,7 @@ def test_kernel_skips_masked_columns_inside_a_row() -> None:
     mask = torch.rand(3, 1, 1, 90) < 0.5
     mask[..., 0] = True
     output, _ = kernel_attention_forward(torch.nn.Module(), query, key, value, mask)
-    torch.testing.assert_close(output, _reference(query, key, value, mask), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(output, sdpa_reference(query, key, value, mask), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -151,7 +140,7 @@ def test_prefill_kernel_computes_what_sdpa_does(
     output, weights = kernel_attention_forward(_CausalLayer(heads // kv_heads), query, key, value, mask)
     assert weights is None and output.shape == (2, queries, heads, head_dim) and output.dtype == dtype
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
-    expected = _reference(query, key, value, causal[None, None])
+    expected = sdpa_reference(query, key, value, causal[None, None])
     torch.testing.assert_close(output.float(), expected, atol=tolerance, rtol=tolerance)
 
 
@@ -164,7 +153,7 @@ def test_prefill_kernel_honours_padding_in_the_mask() -> None:
     mask[1, ..., :13] = False  # row 1 left-padded by 13: its real queries never see the padding
     mask[1, 0, :13, 0] = True  # (padding queries attend something, as transformers' masks have them)
     output, _ = kernel_attention_forward(_CausalLayer(), query, key, value, mask)
-    torch.testing.assert_close(output, _reference(query, key, value, mask), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(output, sdpa_reference(query, key, value, mask), atol=1e-5, rtol=1e-5)
 
 
 def test_prefill_of_a_model_through_the_kernel_gives_sdpas_logits(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -17,7 +17,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from tests.engines import _tiny_config, batched_engine, request, run_to_end, tiny_llama
+from tests.engines import _tiny_config, batched_engine, request, run_to_end, sdpa_reference, tiny_llama
 from worker.engine.decode_attention import ATTENTION_NAME, KERNEL_ATTENTION_NAME, decode_attention_forward
 from worker.engine.kv_cache import PaddedKVCache
 from worker.engine.sequential import SequentialEngine
@@ -205,17 +205,6 @@ def test_bind_step_refuses_tensors_of_another_shape() -> None:
         slots.bind_step(torch.zeros(2, dtype=torch.long), torch.arange(2), wrong_mask)
 
 
-def _reference(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor
-) -> torch.Tensor:
-    groups = query.shape[1] // key.shape[1]
-    key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
-    output = torch.nn.functional.scaled_dot_product_attention(
-        query.float(), key.float(), value.float(), attn_mask=mask
-    )
-    return output.transpose(1, 2)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 # Small caches and large ones: half-precision rows attend in fp32 copies below SMALL_CACHE_POSITIONS.
 @pytest.mark.parametrize(("rows", "columns"), [(1, 40), (4, 40), (9, 40), (20, 40), (20, 200), (1, 1500)])
@@ -229,7 +218,7 @@ def test_decode_attention_computes_what_sdpa_does(dtype: torch.dtype, rows: int,
     assert weights is None and output.shape == (rows, 1, 6, 8) and output.dtype == dtype
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(
-        output.float(), _reference(query, key, value, mask), atol=tolerance, rtol=tolerance
+        output.float(), sdpa_reference(query, key, value, mask), atol=tolerance, rtol=tolerance
     )
 
 

@@ -73,6 +73,8 @@ SMALL_CACHE_POSITIONS = 1024
 # Keyword arguments some models pass that this path does not implement: sdpa (or the model's
 # fallback) handles them.
 _UNHANDLED = ("softcap", "s_aux", "sliding_window", "position_bias", "head_mask")
+# What the fused kernels are built for.
+_KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def decode_attention_forward(
@@ -107,29 +109,21 @@ def kernel_attention_forward(
     """As ``decode_attention_forward``, with eager CPU steps in the fused kernels
     (``cpu_kernels/attention.cpp``): a decode step's rows each read only their own columns, in
     one pass; a prefill chunk runs as flash attention, causal blocks skipped."""
-    if not _is_decode(query, key, attention_mask, dropout, kwargs):
-        if _prefill_kernel_serves(module, query, key, value, attention_mask, dropout, kwargs):
-            kernels = cpu_kernels.kernels()
-            assert kernels is not None
-            scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+    # A compiled step traces the matmuls (compiled_decode.py): the kernels are opaque to it.
+    kernels = None if torch.compiler.is_compiling() else cpu_kernels.kernels()
+    if kernels is not None and query.device.type == "cpu" and query.dtype in _KERNEL_DTYPES:
+        scale = query.shape[-1] ** -0.5 if scaling is None else scaling
+        if _is_decode(query, key, attention_mask, dropout, kwargs):
+            assert attention_mask is not None
+            if attention_mask.shape[0] == query.shape[0] and key.stride(-1) == 1 and value.stride(-1) == 1:
+                return kernels.decode_attention(query, key, value, attention_mask, scale), None
+        elif kernels.prefill_supported() and _prefill_kernel_serves(
+            module, query, key, value, attention_mask, dropout, kwargs
+        ):
             return kernels.prefill_attention(query, key, value, attention_mask, scale), None
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
-    assert attention_mask is not None
-    if torch.compiler.is_compiling():  # a compiled step traces the matmuls (compiled_decode.py)
-        return _matmul_attention(query, key, value, attention_mask, scaling), None
-    kernels = cpu_kernels.kernels()
-    if (
-        kernels is None
-        or key.device.type != "cpu"
-        or attention_mask.shape[0] != query.shape[0]
-        or key.stride(-1) != 1
-        or value.stride(-1) != 1
-    ):
-        return _matmul_attention(query, key, value, attention_mask, scaling), None
-    scale = query.shape[-1] ** -0.5 if scaling is None else scaling
-    return kernels.decode_attention(query, key, value, attention_mask, scale), None
+    return decode_attention_forward(
+        module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+    )
 
 
 def _matmul_attention(
@@ -201,8 +195,8 @@ def _prefill_kernel_serves(
     dropout: float,
     kwargs: dict[str, Any],
 ) -> bool:
-    """Whether the prefill kernel computes what sdpa would here: eager CPU, head_dim 64 or 128, a
-    boolean mask per query, or none on a causal layer whose queries are its last keys."""
+    """Whether the prefill kernel computes what sdpa would here: head_dim 64 or 128, a boolean
+    mask per query, or none on a causal layer whose queries are its last keys."""
     if attention_mask is None:
         causal = kwargs.get("is_causal")
         causal = getattr(module, "is_causal", True) if causal is None else causal
@@ -217,10 +211,7 @@ def _prefill_kernel_serves(
         )
     return (
         masked
-        and not torch.compiler.is_compiling()
-        and query.device.type == "cpu"
         and query.shape[-1] in (64, 128)
-        and query.dtype in (torch.float32, torch.bfloat16, torch.float16)
         and query.shape[1] % key.shape[1] == 0
         and key.shape[0] == query.shape[0]
         and query.stride(-1) == 1
@@ -228,8 +219,6 @@ def _prefill_kernel_serves(
         and value.stride(-1) == 1
         and dropout == 0.0
         and all(kwargs.get(name) is None for name in _UNHANDLED)
-        and (kernels := cpu_kernels.kernels()) is not None
-        and kernels.prefill_supported()
     )
 
 
