@@ -57,6 +57,7 @@ from worker.engine import EngineRequest, EngineStats, SequenceUpdate, failed_upd
 from worker.engine.batch_sampling import BatchSampler
 from worker.engine.compiled_decode import CompiledDecode
 from worker.engine.decode_attention import KERNEL_ATTENTION_NAME, use_decode_attention
+from worker.engine.direct_decode import DirectDecode
 from worker.engine.graphed_decode import GraphedDecode
 from worker.engine.isolation import accept_rows, bisect, failing_alone, guarded, sample_rows
 from worker.engine.kv_cache import PaddedKVCache, prefill_layout, single_row_cache, stack_left_padded
@@ -87,6 +88,7 @@ class TransformersEngine:
         compile_options: dict[str, Any] | None = None,
         cuda_graphs: bool = True,
         attention_kernel: bool = True,
+        direct_decode: bool = True,
     ) -> None:
         self._model = model
         self._device = model.device
@@ -112,6 +114,11 @@ class TransformersEngine:
                 self._compiled = CompiledDecode(model, limits.max_batch_size, compile_options)
             else:
                 logger.warning("--compile needs the decode attention this model cannot use; decoding eagerly")
+        # Eager CPU steps of Llama-family models skip transformers' forward around their modules
+        # (``direct_decode.py``): the same ops, a quarter less time at small batches.
+        self._direct: DirectDecode | None = None
+        if direct_decode and self._compiled is None and self._boolean_mask:
+            self._direct = DirectDecode.build(model)
         self._admissions = itertools.count()  # admission order: the newest row is preempted first
         self._generators: dict[str, torch.Generator | None] = {}  # preempted rows' generators, kept
         self._masks = TokenMasks()  # constrained rows' grammars (``request.grammar``), applied per step
@@ -252,6 +259,10 @@ class TransformersEngine:
             else:
                 kv.advance()
                 return logits
+        if self._direct is not None:
+            logits = self._direct.logits(kv, [row.token_ids[-1] for row in self._rows])
+            kv.advance()
+            return logits
         input_ids = torch.tensor([[row.token_ids[-1]] for row in self._rows], device=self._device)
         positions, mask = kv.begin_decode()
         output = self._model(

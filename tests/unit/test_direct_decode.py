@@ -1,0 +1,161 @@
+"""The direct decode step: Llama-family models decode over their own modules, with their forward's logits."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+from transformers import (
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from shared.settings import WorkerSettings
+from tests.engines import VOCAB, batched_engine, request, run_to_end, scripted_llama, tiny_llama
+from worker.engine.decode_attention import use_decode_attention
+from worker.engine.direct_decode import DirectDecode, _unserved_because
+from worker.engine.hf import TransformersEngine
+from worker.model.backend import prepare_model
+
+PROMPTS = {"a": [5, 6, 7], "b": [9, 10, 11, 12, 13, 14, 15, 16, 17], "c": [20], "d": [30, 31, 32, 33, 34]}
+# Small shapes of each family; head_dim 64 reaches the attention kernel's vector paths.
+_SHAPE: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    "hidden_size": 128,
+    "intermediate_size": 192,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "max_position_embeddings": 512,
+}
+
+
+def _mistral() -> MistralForCausalLM:
+    torch.manual_seed(0)
+    return MistralForCausalLM(MistralConfig(**_SHAPE, sliding_window=None)).eval()
+
+
+def _qwen2() -> Qwen2ForCausalLM:
+    torch.manual_seed(0)
+    # Qwen2's projections carry biases: the fused product keeps them.
+    return Qwen2ForCausalLM(Qwen2Config(**_SHAPE)).eval()
+
+
+def _qwen3() -> Qwen3ForCausalLM:
+    torch.manual_seed(0)
+    # Qwen3 normalizes each head's queries and keys before the rotation.
+    return Qwen3ForCausalLM(Qwen3Config(**{**_SHAPE, "head_dim": 64})).eval()
+
+
+FAMILIES: dict[str, Callable[[], PreTrainedModel]] = {
+    "llama": tiny_llama,
+    "mistral": _mistral,
+    "qwen2": _qwen2,
+    "qwen3": _qwen3,
+}
+
+
+def _as_served(model: PreTrainedModel, dtype: torch.dtype) -> PreTrainedModel:
+    """The model in ``dtype`` with the worker's CPU changes: fused projections, packed Linears."""
+    model = model.to(dtype)
+    prepare_model(model, WorkerSettings(dtype="float32" if dtype == torch.float32 else "bfloat16"))
+    return model
+
+
+def _decoding(engine: TransformersEngine, steps: int = 3) -> TransformersEngine:
+    """``engine`` with ``PROMPTS`` prefilled and decoding, rows of different lengths."""
+    for rid, prompt in PROMPTS.items():
+        engine.add(request(rid, prompt, max_new_tokens=50))
+    for _ in range(steps):
+        engine.step()
+    return engine
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_direct_step_gives_the_model_forwards_logits_bit_for_bit(family: str, dtype: torch.dtype) -> None:
+    engine = _decoding(batched_engine(_as_served(FAMILIES[family](), dtype)))
+    assert engine._direct is not None
+    kv, last = engine._kv, [row.token_ids[-1] for row in engine._rows]
+    assert kv is not None
+    with torch.inference_mode():
+        direct = engine._direct.logits(kv, last)
+        kv.abandon()  # the same step again, through the model's forward
+        engine._direct, saved = None, engine._direct
+        forward = engine._decode_forward(kv)
+    assert torch.equal(direct, forward)
+    assert saved is not None
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_greedy_tokens_are_the_same_with_and_without_the_direct_step(family: str) -> None:
+    model = _as_served(FAMILIES[family](), torch.bfloat16)
+    requests = [request(rid, prompt, max_new_tokens=24) for rid, prompt in PROMPTS.items()]
+    direct = batched_engine(model)
+    forward = TransformersEngine(model, direct._scheduler.limits, direct_decode=False)
+    assert direct._direct is not None and forward._direct is None
+    assert run_to_end(direct, requests) == run_to_end(forward, requests)
+
+
+def test_decode_steps_do_not_call_the_models_forward() -> None:
+    model = tiny_llama()
+    engine = _decoding(batched_engine(model), steps=2)  # prefilled: every row decodes from here
+    with mock.patch.object(
+        LlamaForCausalLM, "forward", autospec=True, side_effect=LlamaForCausalLM.forward
+    ) as spy:
+        updates = engine.step()
+    assert len(updates) == len(PROMPTS) and spy.call_count == 0
+
+
+@pytest.mark.parametrize(
+    ("make", "reason"),
+    [
+        # A subclass: its forward is its own.
+        (lambda: scripted_llama(3, [7, 8]), "not one of the model classes"),
+        (lambda: _hooked(tiny_llama()), "replaced or hooked"),
+    ],
+)
+def test_models_it_does_not_implement_keep_their_forward_with_a_log_line(
+    make: Callable[[], PreTrainedModel], reason: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="worker.engine.direct_decode"):
+        engine = batched_engine(make())
+    assert engine._direct is None
+    assert reason in caplog.text
+    assert run_to_end(engine, [request("a", PROMPTS["a"], max_new_tokens=4)])["a"]
+
+
+def test_sliding_window_attention_is_left_to_the_models_forward() -> None:
+    # The batched engine serves no such model (``PaddedKVCache.supports``); the step refuses it anyway.
+    model = MistralForCausalLM(MistralConfig(**_SHAPE, sliding_window=64)).eval()
+    assert use_decode_attention(model)
+    assert _unserved_because(model) == "sliding-window attention"
+    assert DirectDecode.build(model) is None
+
+
+def test_a_model_on_the_matmul_attention_decodes_directly_with_the_same_tokens() -> None:
+    model = tiny_llama()
+    requests = [request(rid, prompt) for rid, prompt in PROMPTS.items()]
+    matmuls = batched_engine(model, attention_kernel=False)
+    assert matmuls._direct is not None
+    produced = run_to_end(matmuls, requests)
+    forward = TransformersEngine(
+        model, matmuls._scheduler.limits, attention_kernel=False, direct_decode=False
+    )
+    assert produced == run_to_end(forward, requests)
+
+
+def _hooked(model: PreTrainedModel) -> PreTrainedModel:
+    model.model.layers[0].register_forward_hook(lambda module, args, output: None)
+    return model
