@@ -61,12 +61,12 @@ $(SERVE_STAMP): pyproject.toml constraints.txt Makefile | $(BIN)/python
 	HF_HUB_OFFLINE=1 $(BIN)/python -m worker.model.convert
 	@touch $@
 
-# The fused CPU attention kernel (worker/engine/cpu_kernels), compiled here for this machine so a
-# worker only loads it. Where it cannot be built, workers attend with matmuls: said, not fatal.
-$(KERNEL_STAMP): worker/engine/cpu_kernels/attention.cpp worker/engine/cpu_kernels/__init__.py $(SERVE_STAMP)
+# The fused CPU kernels (worker/engine/cpu_kernels), compiled here for this machine so a worker
+# only loads them. Where they cannot be built, workers run torch's ops instead: said, not fatal.
+$(KERNEL_STAMP): $(wildcard worker/engine/cpu_kernels/*.cpp worker/engine/cpu_kernels/*.h) worker/engine/cpu_kernels/__init__.py $(SERVE_STAMP)
 	@$(BIN)/python -m worker.engine.cpu_kernels >$(VENV)/cpu-kernels.log 2>&1 \
 		&& tail -n 1 $(VENV)/cpu-kernels.log \
-		|| { tail -n 20 $(VENV)/cpu-kernels.log; echo "make: the CPU attention kernel did not build; workers will attend with matmuls" >&2; }
+		|| { tail -n 20 $(VENV)/cpu-kernels.log; echo "make: the CPU kernels did not build; workers will run torch's ops instead" >&2; }
 	@touch $@
 
 $(TEST_STAMP): $(SERVE_STAMP) $(KERNEL_STAMP)

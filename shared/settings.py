@@ -277,10 +277,10 @@ class WorkerSettings(TokenferrySettings):
     gpu_memory_utilization: Annotated[float | None, ENGINE] = Field(
         None, gt=0, le=1, description="vllm engine on CUDA: share of GPU memory it takes; none: vLLM's (0.9)."
     )
-    cpu_attention_kernel: Annotated[bool, ENGINE] = Field(
+    cpu_kernels: Annotated[bool, ENGINE] = Field(
         True,
-        description="On CPU, run decode attention in tokenferry's fused C++ kernel (built at set-up; "
-        "matmuls where it cannot be built).",
+        description="On CPU, run attention, RMSNorm and the gated MLP's activation in tokenferry's fused "
+        "C++ kernels (built at set-up; torch's ops where they cannot be built).",
     )
     onednn_linear: Annotated[bool, ENGINE] = Field(
         True, description="On CPU (float32/bfloat16), run Linear layers as oneDNN ops on pre-packed weights."

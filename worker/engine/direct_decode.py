@@ -13,8 +13,10 @@ The step is the model's own arithmetic in the model's own order: its embedding, 
 module (every rope scaling variant its own), per layer its norms, projections (the fused
 ones read once: ``fused_projections.py``), its module's ``apply_rotary_pos_emb``, the slot
 cache's ``update``, the attention registered on the model (``decode_attention.py``) and its
-MLP's activation; then its final norm and LM head. So the logits are bitwise the same as the
-model's forward (tested): only the Python around the ops is gone.
+MLP; then its final norm and LM head. Where the norms run in the CPU kernels
+(``worker/model/kernel_layers.py``), each residual add happens in the next norm's pass (vLLM's
+``fused_add_rms_norm``), rounded as the separate add is. So the logits are bitwise the same as
+the model's forward (tested): only the Python around the ops is gone.
 
 What it serves (``DirectDecode.build``): exactly the transformers classes of ``FAMILIES``
 (not subclasses, nor models whose forward was replaced or hooked: they keep it), full
@@ -51,6 +53,7 @@ FAMILIES = {
 
 Tensor = torch.Tensor
 Forward = Callable[[Tensor], Tensor]
+AddNorm = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 
 
 @dataclass(frozen=True)
@@ -58,15 +61,15 @@ class _Layer:
     """One decoder layer's parts, as bound forwards (no module call machinery per step)."""
 
     attention: torch.nn.Module
-    input_norm: Forward
     projections: Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]
     query_norm: Forward | None
     key_norm: Forward | None
     output: Forward
-    post_norm: Forward
-    gate_up: Callable[[Tensor], tuple[Tensor, Tensor]]
-    activation: Forward
-    down: Forward
+    # (delta, residual) -> (norm(residual + delta), residual + delta): this layer's post-attention
+    # norm, then the next layer's input norm (the model's final norm after the last layer).
+    post_norm: AddNorm
+    next_norm: AddNorm
+    mlp: Forward
 
 
 class DirectDecode:
@@ -77,12 +80,13 @@ class DirectDecode:
         base = model.model
         self._embed: Forward = base.embed_tokens.forward
         self._rotary = base.rotary_emb.forward
-        self._final_norm: Forward = base.norm.forward
         self._head: Forward = model.lm_head.forward
         self._attend = ALL_ATTENTION_FUNCTIONS[config._attn_implementation]
         self._rotate = sys.modules[type(base.layers[0].self_attn).__module__].apply_rotary_pos_emb
         self._head_dim = int(base.layers[0].self_attn.head_dim)
-        self._layers = [_parts(layer) for layer in base.layers]
+        self._first_norm: Forward = base.layers[0].input_layernorm.forward
+        next_norms = [layer.input_layernorm for layer in base.layers[1:]] + [base.norm]
+        self._layers = [_parts(layer, norm) for layer, norm in zip(base.layers, next_norms, strict=True)]
 
     @classmethod
     def build(cls, model: PreTrainedModel) -> DirectDecode | None:
@@ -101,9 +105,9 @@ class DirectDecode:
         hidden = self._embed(torch.tensor(last_tokens, device=mask.device).unsqueeze(1))
         cos, sin = self._rotary(hidden, positions)
         head_shape = (rows, 1, -1, self._head_dim)
+        normed = self._first_norm(hidden)
         for index, layer in enumerate(self._layers):
-            residual = hidden
-            queries, keys, values = layer.projections(layer.input_norm(hidden))
+            queries, keys, values = layer.projections(normed)
             queries, keys = queries.view(head_shape), keys.view(head_shape)
             if layer.query_norm is not None and layer.key_norm is not None:
                 queries, keys = layer.query_norm(queries), layer.key_norm(keys)
@@ -112,27 +116,38 @@ class DirectDecode:
             attended, _ = self._attend(
                 layer.attention, queries, keys, values, mask, dropout=0.0, scaling=layer.attention.scaling
             )
-            hidden = residual + layer.output(attended.reshape(rows, 1, -1).contiguous())
-            residual = hidden
-            gate, up = layer.gate_up(layer.post_norm(hidden))
-            hidden = residual + layer.down(layer.activation(gate) * up)
-        return self._head(self._final_norm(hidden))[:, -1, :]
+            normed, hidden = layer.post_norm(layer.output(attended.reshape(rows, 1, -1).contiguous()), hidden)
+            normed, hidden = layer.next_norm(layer.mlp(normed), hidden)
+        return self._head(normed)[:, -1, :]
 
 
-def _parts(layer: Any) -> _Layer:
-    attention, mlp = layer.self_attn, layer.mlp
+def _parts(layer: Any, next_norm: Any) -> _Layer:
+    attention = layer.self_attn
     return _Layer(
         attention=attention,
-        input_norm=layer.input_layernorm.forward,
         projections=_split_projections(attention, ("q_proj", "k_proj", "v_proj"), "qkv_fused"),
         query_norm=attention.q_norm.forward if hasattr(attention, "q_norm") else None,
         key_norm=attention.k_norm.forward if hasattr(attention, "k_norm") else None,
         output=attention.o_proj.forward,
-        post_norm=layer.post_attention_layernorm.forward,
-        gate_up=_split_projections(mlp, ("gate_proj", "up_proj"), "gate_up_fused"),
-        activation=mlp.act_fn.forward if isinstance(mlp.act_fn, torch.nn.Module) else mlp.act_fn,
-        down=mlp.down_proj.forward,
+        post_norm=_add_norm(layer.post_attention_layernorm),
+        next_norm=_add_norm(next_norm),
+        mlp=layer.mlp.forward,
     )
+
+
+def _add_norm(norm: Any) -> AddNorm:
+    """The residual add and ``norm`` after it: in one kernel pass where the norm has one
+    (``worker/model/kernel_layers.py``), else the model's add and the norm's forward."""
+    fused: AddNorm | None = getattr(norm, "add_forward", None)
+    if fused is not None:
+        return fused
+    forward = norm.forward
+
+    def add_then_norm(delta: Tensor, residual: Tensor) -> tuple[Tensor, Tensor]:
+        total = residual + delta
+        return forward(total), total
+
+    return add_then_norm
 
 
 def _split_projections(parent: Any, names: tuple[str, ...], fused_name: str) -> Any:

@@ -90,14 +90,21 @@ def _load_transformers_backend(
 
 def prepare_model(model: Any, settings: WorkerSettings) -> None:
     """The CPU hot path's model changes: fused input projections (unless compiled), then Linears
-    packed for oneDNN (the fused ones too) where the settings ask and the build allows."""
+    packed for oneDNN (the fused ones too) where the settings ask and the build allows, then
+    norms and gated MLPs in the CPU kernels (eager only; where they build)."""
     from worker.model.fused_projections import fuse_projections
     from worker.model.onednn_linear import can_pack, pack_linear_layers
 
-    if not settings.compile and model.device.type == "cpu":
+    eager_cpu = not settings.compile and model.device.type == "cpu"
+    if eager_cpu:
         fuse_projections(model)
     if settings.onednn_linear and can_pack(model):
         pack_linear_layers(model)
+    if eager_cpu and settings.cpu_kernels:
+        from worker.engine import cpu_kernels
+        from worker.model.kernel_layers import use_kernel_layers
+
+        use_kernel_layers(model, cpu_kernels.kernels())
 
 
 def _grammar_compiler(
@@ -147,7 +154,7 @@ def _build_engine(model: Any, settings: WorkerSettings) -> Engine:
         settings.prefix_cache_tokens,
         compile_options,
         cuda_graphs=not settings.enforce_eager,
-        attention_kernel=settings.cpu_attention_kernel,
+        attention_kernel=settings.cpu_kernels,
     )
     engine.compile_decode()  # before the worker is ready: no request pays for a trace
     return engine

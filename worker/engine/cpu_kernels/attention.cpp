@@ -5,7 +5,8 @@
 // batch of mixed lengths pays for each row's own length, not the longest; scores, softmax and
 // the weighted values stay in registers and one small fp32 buffer, in one pass over the keys
 // and one over the values.
-#include <torch/extension.h>
+#include "kernels.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -745,10 +746,4 @@ bool prefill_supported() {
 #else
   return false;
 #endif
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("decode_attention", &decode_attention, "one-token-per-row attention over a slot cache");
-  m.def("prefill_attention", &prefill_attention, "flash attention over a chunk of queries");
-  m.def("prefill_supported", &prefill_supported, "whether this build has prefill_attention");
 }

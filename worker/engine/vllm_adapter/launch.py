@@ -38,7 +38,7 @@ _NATIVE_ONLY = (
     "disable_kv_cache",
     "kv_cache_tokens",
     "onednn_linear",
-    "cpu_attention_kernel",
+    "cpu_kernels",
     "torch_threads",
     "max_num_beams",
     "device",  # vLLM runs on the platform it was built for

@@ -1,0 +1,11 @@
+// The Python module: one build of every kernel (see __init__.py).
+#include "kernels.h"
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("decode_attention", &decode_attention, "one-token-per-row attention over a slot cache");
+  m.def("prefill_attention", &prefill_attention, "flash attention over a chunk of queries");
+  m.def("prefill_supported", &prefill_supported, "whether this build has prefill_attention");
+  m.def("rms_norm", &rms_norm, "RMSNorm of each row, of x + residual where given (returned too)",
+        py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"));
+  m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused gate/up product");
+}

@@ -1,0 +1,269 @@
+// The decoder layer's elementwise work fused: RMSNorm in one pass per row (the residual added
+// in the same pass where asked), and the gated MLP's silu(gate) * up in one pass over the fused
+// gate/up product. torch runs each as 4-8 ops, each a pass over memory and a dispatch.
+//
+// Rounding follows transformers' modules: a half-precision RMSNorm rounds the normalized row to
+// the model's dtype before the weight multiplies it (LlamaRMSNorm), and silu(gate) is rounded
+// before it multiplies up, as torch's two ops do. silu is torch's own (at::vec's exp, the
+// expression of torch's CPU kernel), and a norm's sum of squares adds in torch's order: both
+// give torch's results bit for bit (tested against transformers' modules).
+
+#include "kernels.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+using fVec = at::vec::Vectorized<float>;
+
+template <typename T>
+inline float to_float(T value) {
+  return static_cast<float>(value);
+}
+
+template <typename T>
+inline T round_to(float value) {
+  return static_cast<T>(value);
+}
+
+// ``count`` values of ``src`` widened to fp32 into ``dst``.
+template <typename T>
+inline void widen(const T* src, float* dst, int64_t count) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::copy(src, src + count, dst);
+  } else {
+    int64_t i = 0;
+    for (; i + fVec::size() <= count; i += fVec::size()) {
+      at::vec::convert(src + i, dst + i, fVec::size());
+    }
+    for (; i < count; ++i) dst[i] = to_float(src[i]);
+  }
+}
+
+// ``count`` fp32 values rounded to T (round to nearest even, as torch's casts).
+template <typename T>
+inline void narrow(const float* src, T* dst, int64_t count) {
+  if constexpr (std::is_same_v<T, float>) {
+    std::copy(src, src + count, dst);
+  } else {
+    at::vec::convert(src, dst, count);
+  }
+}
+
+int64_t ceil_log2(int64_t value) {
+  if (value <= 2) return 1;
+  int64_t bits = 0;
+  for (uint64_t rest = static_cast<uint64_t>(value - 1); rest != 0; rest >>= 1) ++bits;
+  return bits;
+}
+
+// Sums ``load(i * 4 + k)`` for i < count into four chains k, in levels: each 2^power terms of a
+// chain are summed apart, then added to the level above, so only sums of similar size meet.
+template <typename T, typename Load>
+std::array<T, 4> chained_sum(const Load& load, int64_t count) {
+  constexpr int64_t kLevels = 4;
+  const int64_t power = std::max<int64_t>(4, ceil_log2(count) / kLevels);
+  const int64_t step = int64_t(1) << power;
+  const int64_t mask = step - 1;
+  std::array<std::array<T, 4>, kLevels> levels;
+  for (auto& level : levels) level.fill(T(0.0f));
+  int64_t i = 0;
+  while (i + step <= count) {
+    for (int64_t j = 0; j < step; ++j, ++i) {
+      for (int64_t k = 0; k < 4; ++k) levels[0][k] = levels[0][k] + load(i * 4 + k);
+    }
+    for (int64_t level = 1; level < kLevels; ++level) {
+      for (int64_t k = 0; k < 4; ++k) {
+        levels[level][k] = levels[level][k] + levels[level - 1][k];
+        levels[level - 1][k] = T(0.0f);
+      }
+      if ((i & (mask << (level * power))) != 0) break;
+    }
+  }
+  for (; i < count; ++i) {
+    for (int64_t k = 0; k < 4; ++k) levels[0][k] = levels[0][k] + load(i * 4 + k);
+  }
+  for (int64_t level = 1; level < kLevels; ++level) {
+    for (int64_t k = 0; k < 4; ++k) levels[0][k] = levels[0][k] + levels[level][k];
+  }
+  return levels[0];
+}
+
+// One chain's sum of ``count`` terms: four chains over the first count / 4 * 4, the rest into
+// the first, then the chains added in order.
+template <typename T, typename Load>
+T row_sum(const Load& load, int64_t count) {
+  std::array<T, 4> chains = chained_sum<T>(load, count / 4);
+  for (int64_t i = count / 4 * 4; i < count; ++i) chains[0] = chains[0] + load(i);
+  for (int64_t k = 1; k < 4; ++k) chains[0] = chains[0] + chains[k];
+  return chains[0];
+}
+
+// Eight fp32 lanes: the vector torch's CPU sum adds in. Its sum kernel has no AVX-512 build, so
+// even on AVX-512 machines it runs the AVX2 one, 8 lanes wide; plain per-lane adds give the same
+// bits as its vector adds.
+struct Lanes8 {
+  std::array<float, 8> lane;
+  Lanes8() = default;
+  explicit Lanes8(float value) { lane.fill(value); }
+  Lanes8 operator+(const Lanes8& other) const {
+    Lanes8 sum(0.0f);
+    for (int i = 0; i < 8; ++i) sum.lane[i] = lane[i] + other.lane[i];
+    return sum;
+  }
+};
+
+// The sum of squares of a row, added in the order torch's CPU sum adds a contiguous row (8-lane
+// vectors in four chained sums, then the scalar tail, then the lanes in order). RMSNorm's
+// statistics then come out bit for bit as transformers' ``pow(2).mean(-1)`` computes them, so
+// a model's outputs do not change when its norms run here.
+float sum_of_squares(const float* row, int64_t width) {
+  constexpr int64_t lanes = 8;
+  if (width < lanes) {
+    return row_sum<float>([row](int64_t i) { return row[i] * row[i]; }, width);
+  }
+  const int64_t vectors = width / lanes;
+  const Lanes8 sums = row_sum<Lanes8>(
+      [row](int64_t v) {
+        Lanes8 squares(0.0f);
+        for (int64_t i = 0; i < lanes; ++i) squares.lane[i] = row[v * lanes + i] * row[v * lanes + i];
+        return squares;
+      },
+      vectors);
+  float total = 0.0f;
+  for (int64_t i = vectors * lanes; i < width; ++i) total += row[i] * row[i];
+  for (int64_t lane = 0; lane < lanes; ++lane) total += sums.lane[lane];
+  return total;
+}
+
+// One row: ``out = weight * dtype(x * rsqrt(mean(x^2) + eps))``; with ``residual``, x is first
+// ``dtype(x + residual)``, also written to ``sum``.
+// ``row`` and ``buffer`` are fp32 scratch of ``width`` each.
+template <typename T>
+void norm_row(
+    const T* x, const T* residual, const T* weight, float eps, int64_t width, T* out, T* sum, float* row,
+    float* buffer) {
+  widen(x, row, width);
+  if (residual != nullptr) {
+    widen(residual, buffer, width);
+    int64_t i = 0;
+    for (; i + fVec::size() <= width; i += fVec::size()) {
+      (fVec::loadu(row + i) + fVec::loadu(buffer + i)).store(row + i);
+    }
+    for (; i < width; ++i) row[i] += buffer[i];
+    narrow(row, sum, width);
+    widen(sum, row, width);  // the sum as the model's dtype holds it
+  }
+  const float total = sum_of_squares(row, width);
+  const float scale = 1.0f / std::sqrt(total / static_cast<float>(width) + eps);
+  const fVec scales(scale);
+  int64_t i = 0;
+  for (; i + fVec::size() <= width; i += fVec::size()) (fVec::loadu(row + i) * scales).store(row + i);
+  for (; i < width; ++i) row[i] *= scale;
+  if constexpr (!std::is_same_v<T, float>) {
+    narrow(row, out, width);  // rounded as the module's ``.to(input_dtype)``
+    widen(out, row, width);
+  }
+  widen(weight, buffer, width);
+  i = 0;
+  for (; i + fVec::size() <= width; i += fVec::size()) {
+    (fVec::loadu(row + i) * fVec::loadu(buffer + i)).store(row + i);
+  }
+  for (; i < width; ++i) row[i] *= buffer[i];
+  narrow(row, out, width);
+}
+
+void check_rows(const torch::Tensor& x, const char* name) {
+  TORCH_CHECK(x.device().is_cpu(), name, " must be on CPU");
+  TORCH_CHECK(x.dim() >= 1 && x.stride(-1) == 1, name, " must have contiguous rows");
+}
+
+}  // namespace
+
+// RMSNorm of each row of ``x`` (``[..., width]``); with ``residual``, of ``x + residual``, returned too.
+std::vector<at::Tensor> rms_norm(
+    const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight, double eps) {
+  check_rows(x, "x");
+  const int64_t width = x.size(-1);
+  TORCH_CHECK(weight.dim() == 1 && weight.size(0) == width && weight.is_contiguous(), "weight must be [width]");
+  TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "weight and x must share a dtype");
+  const torch::Tensor rows = x.reshape({-1, width});
+  torch::Tensor residual_rows;
+  if (residual.has_value()) {
+    check_rows(*residual, "residual");
+    TORCH_CHECK(residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type(), "residual must match x");
+    residual_rows = residual->reshape({-1, width});
+  }
+  auto out = torch::empty(x.sizes(), x.options());
+  auto sum = residual.has_value() ? torch::empty(x.sizes(), x.options()) : torch::Tensor();
+  const int64_t count = rows.size(0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rms_norm", [&] {
+    const scalar_t* w = weight.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    scalar_t* s = residual.has_value() ? sum.data_ptr<scalar_t>() : nullptr;
+    at::parallel_for(0, count, 16, [&](int64_t begin, int64_t end) {
+      std::vector<float> row(width), buffer(width);
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* res = residual.has_value() ? residual_rows.data_ptr<scalar_t>() + r * residual_rows.stride(0) : nullptr;
+        norm_row<scalar_t>(
+            rows.data_ptr<scalar_t>() + r * rows.stride(0), res, w, static_cast<float>(eps), width,
+            o + r * width, s == nullptr ? nullptr : s + r * width, row.data(), buffer.data());
+      }
+    });
+  });
+  if (residual.has_value()) return {out, sum};
+  return {out};
+}
+
+// ``silu(gate) * up`` of a fused gate/up product ``[..., 2 * width]`` (gate first): ``[..., width]``.
+at::Tensor silu_and_mul(const at::Tensor& gate_up) {
+  check_rows(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.size(-1) % 2 == 0, "gate_up must have an even width");
+  const int64_t width = gate_up.size(-1) / 2;
+  const torch::Tensor rows = gate_up.reshape({-1, 2 * width});
+  std::vector<int64_t> shape(gate_up.sizes().begin(), gate_up.sizes().end());
+  shape.back() = width;
+  auto out = torch::empty(shape, gate_up.options());
+  const int64_t count = rows.size(0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "silu_and_mul", [&] {
+    scalar_t* o = out.data_ptr<scalar_t>();
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
+    at::parallel_for(0, count, grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> gate_buffer(width), up_buffer(width);
+      float* gate = gate_buffer.data();
+      float* up = up_buffer.data();
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* g = rows.data_ptr<scalar_t>() + r * rows.stride(0);
+        widen(g, gate, width);
+        widen(g + width, up, width);
+        const fVec one(1.0f);
+        int64_t i = 0;
+        // torch's silu kernel: x / (1 + exp(-x)), in fp32.
+        for (; i + fVec::size() <= width; i += fVec::size()) {
+          const fVec x = fVec::loadu(gate + i);
+          (x / (one + x.neg().exp())).store(gate + i);
+        }
+        for (; i < width; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i]));
+        scalar_t* row_out = o + r * width;
+        if constexpr (!std::is_same_v<scalar_t, float>) {
+          narrow(gate, row_out, width);  // silu's output, in the model's dtype
+          widen(row_out, gate, width);
+        }
+        i = 0;
+        for (; i + fVec::size() <= width; i += fVec::size()) {
+          (fVec::loadu(gate + i) * fVec::loadu(up + i)).store(gate + i);
+        }
+        for (; i < width; ++i) gate[i] *= up[i];
+        narrow(gate, row_out, width);
+      }
+    });
+  });
+  return out;
+}
