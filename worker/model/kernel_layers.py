@@ -41,10 +41,12 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 class KernelRMSNorm(nn.Module):
     """An RMSNorm of Llama's formula in one pass per row; ``add_forward`` adds the residual first."""
 
-    def __init__(self, norm: nn.Module, kernels: CpuKernels) -> None:
+    weight: nn.Parameter
+
+    def __init__(self, norm: Any, kernels: CpuKernels) -> None:
         super().__init__()
         self.weight = norm.weight
-        self.variance_epsilon = float(norm.variance_epsilon)  # type: ignore[arg-type]
+        self.variance_epsilon = float(norm.variance_epsilon)
         self._kernels = kernels
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -82,7 +84,12 @@ class KernelGatedMLP(nn.Module):
 def use_kernel_layers(model: nn.Module, kernels: CpuKernels | None) -> int:
     """Swap ``model``'s norms and gated MLPs for kernel ones where it qualifies; how many were."""
     parameter = next(model.parameters(), None)
-    if kernels is None or parameter is None or parameter.device.type != "cpu" or parameter.dtype not in _DTYPES:
+    if (
+        kernels is None
+        or parameter is None
+        or parameter.device.type != "cpu"
+        or parameter.dtype not in _DTYPES
+    ):
         return 0
     swapped = 0
     for parent in list(model.modules()):
@@ -95,11 +102,11 @@ def use_kernel_layers(model: nn.Module, kernels: CpuKernels | None) -> int:
     return swapped
 
 
-def _kernel_module(module: nn.Module, kernels: CpuKernels) -> nn.Module | None:
+def _kernel_module(module: Any, kernels: CpuKernels) -> nn.Module | None:
     kind = type(module)
     if not kind.__module__.startswith("transformers.models."):
         return None
-    if kind.__name__ in RMS_NORMS and module.weight.dim() == 1 and module.weight.is_contiguous():  # type: ignore[union-attr]
+    if kind.__name__ in RMS_NORMS and module.weight.dim() == 1 and module.weight.is_contiguous():
         return KernelRMSNorm(module, kernels)
     if kind.__name__ in GATED_MLPS and _gated_silu(module):
         return KernelGatedMLP(module, kernels)
