@@ -6,7 +6,12 @@ import pytest
 import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
 
 from shared.settings import WorkerSettings
 from tests.engines import batched_engine, request, run_to_end, tiny_llama
@@ -122,3 +127,24 @@ def test_what_the_kernels_do_not_implement_stays_as_it_is() -> None:
     assert not any(isinstance(module, KernelRMSNorm | KernelGatedMLP) for module in compiled.modules())
     assert use_kernel_layers(_llama(), _kernels()) == 5  # gate and up not fused: the norms only
     assert use_kernel_layers(_llama(), None) == 0  # no build here: nothing changes
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("rows", "seq"), [(1, 1), (9, 1), (2, 37)])
+@pytest.mark.parametrize("head_dim", [8, 64, 128])
+def test_the_rotation_is_transformers_apply_rotary_pos_emb_bit_for_bit(
+    dtype: torch.dtype, rows: int, seq: int, head_dim: int
+) -> None:
+    torch.manual_seed(head_dim + rows)
+    heads, kv_heads = 6, 2
+    config = LlamaConfig(hidden_size=heads * head_dim, num_attention_heads=heads, head_dim=head_dim)
+    # As a decoder layer holds them: heads of a fused q/k/v product, viewed and transposed (strided).
+    fused = (torch.randn(rows, seq, (heads + 2 * kv_heads) * head_dim) * 2).to(dtype)
+    query = fused[..., : heads * head_dim].view(rows, seq, heads, head_dim).transpose(1, 2)
+    key = fused[..., heads * head_dim : (heads + kv_heads) * head_dim].view(rows, seq, kv_heads, head_dim)
+    key = key.transpose(1, 2)
+    positions = torch.randint(0, 4000, (rows, seq))
+    cos, sin = LlamaRotaryEmbedding(config)(fused, positions)
+    expected = apply_rotary_pos_emb(query, key, cos, sin)
+    rotated = _kernels().rotary(query, key, cos, sin)
+    assert all(torch.equal(ours, theirs) for ours, theirs in zip(rotated, expected, strict=True))

@@ -11,7 +11,8 @@ process, SmolLM2-135M bf16: 1 row 26.4 -> 20.4 ms, 8 rows 31.3 -> 23.7 ms, 32 ro
 
 The step is the model's own arithmetic in the model's own order: its embedding, its rotary
 module (every rope scaling variant its own), per layer its norms, projections (the fused
-ones read once: ``fused_projections.py``), its module's ``apply_rotary_pos_emb``, the slot
+ones read once: ``fused_projections.py``), its module's ``apply_rotary_pos_emb`` (in one kernel
+pass for queries and keys where the CPU kernels are built, with its roundings), the slot
 cache's ``update``, the attention registered on the model (``decode_attention.py``) and its
 MLP; then its final norm and LM head. Where the norms run in the CPU kernels
 (``worker/model/kernel_layers.py``), each residual add happens in the next norm's pass (vLLM's
@@ -37,6 +38,7 @@ import torch
 from transformers import PreTrainedModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from worker.engine.cpu_kernels import CpuKernels
 from worker.engine.decode_attention import ATTENTION_NAME, KERNEL_ATTENTION_NAME
 from worker.engine.slot_cache import SlotKVCache
 
@@ -75,27 +77,29 @@ class _Layer:
 class DirectDecode:
     """The decode step of a model of ``FAMILIES``; ``logits`` runs one (see the module docstring)."""
 
-    def __init__(self, model: PreTrainedModel) -> None:
+    def __init__(self, model: PreTrainedModel, kernels: CpuKernels | None = None) -> None:
         config = model.config
         base = model.model
         self._embed: Forward = base.embed_tokens.forward
         self._rotary = base.rotary_emb.forward
         self._head: Forward = model.lm_head.forward
         self._attend = ALL_ATTENTION_FUNCTIONS[config._attn_implementation]
-        self._rotate = sys.modules[type(base.layers[0].self_attn).__module__].apply_rotary_pos_emb
+        modeling = sys.modules[type(base.layers[0].self_attn).__module__]
+        self._rotate = _rotation(modeling.apply_rotary_pos_emb, kernels)
         self._head_dim = int(base.layers[0].self_attn.head_dim)
         self._first_norm: Forward = base.layers[0].input_layernorm.forward
         next_norms = [layer.input_layernorm for layer in base.layers[1:]] + [base.norm]
         self._layers = [_parts(layer, norm) for layer, norm in zip(base.layers, next_norms, strict=True)]
 
     @classmethod
-    def build(cls, model: PreTrainedModel) -> DirectDecode | None:
-        """The direct step for ``model``, or None (logged) when its forward must run as it is."""
+    def build(cls, model: PreTrainedModel, kernels: CpuKernels | None = None) -> DirectDecode | None:
+        """The direct step for ``model``, or None (logged) when its forward must run as it is;
+        ``kernels``: the CPU kernels its rotation runs in (``cpu_kernels``), if any."""
         reason = _unserved_because(model)
         if reason is not None:
             logger.info("decode steps run the model's forward: %s", reason)
             return None
-        return cls(model)
+        return cls(model, kernels)
 
     def logits(self, kv: SlotKVCache, last_tokens: list[int]) -> Tensor:
         """The next-token logits ``[rows, vocab]`` of every row of ``kv``; the caller advances ``kv``."""
@@ -133,6 +137,22 @@ def _parts(layer: Any, next_norm: Any) -> _Layer:
         next_norm=_add_norm(next_norm),
         mlp=layer.mlp.forward,
     )
+
+
+def _rotation(model_rotation: Any, kernels: CpuKernels | None) -> Any:
+    """The model's ``apply_rotary_pos_emb``, in one kernel pass for queries and keys where the
+    kernels are built (``cpu_kernels/layers.cpp``: its three roundings, bit for bit); the model's
+    own function for what the kernel does not take."""
+    if kernels is None:
+        return model_rotation
+    rotary = kernels.rotary
+
+    def rotate(queries: Tensor, keys: Tensor, cos: Tensor, sin: Tensor) -> Any:
+        if queries.dtype == keys.dtype == cos.dtype == sin.dtype and cos.dim() == 3 and cos.stride(-1) == 1:
+            return rotary(queries, keys, cos, sin)
+        return model_rotation(queries, keys, cos, sin)
+
+    return rotate
 
 
 def _add_norm(norm: Any) -> AddNorm:

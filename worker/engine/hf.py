@@ -53,7 +53,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from worker.engine import EngineRequest, EngineStats, SequenceUpdate, failed_update
+from worker.engine import EngineRequest, EngineStats, SequenceUpdate, cpu_kernels, failed_update
 from worker.engine.batch_sampling import BatchSampler
 from worker.engine.compiled_decode import CompiledDecode
 from worker.engine.decode_attention import KERNEL_ATTENTION_NAME, use_decode_attention
@@ -118,7 +118,8 @@ class TransformersEngine:
         # (``direct_decode.py``): the same ops, a quarter less time at small batches.
         self._direct: DirectDecode | None = None
         if direct_decode and self._compiled is None and self._boolean_mask:
-            self._direct = DirectDecode.build(model)
+            kernels = cpu_kernels.kernels() if attention_kernel and self._device.type == "cpu" else None
+            self._direct = DirectDecode.build(model, kernels)
         self._admissions = itertools.count()  # admission order: the newest row is preempted first
         self._generators: dict[str, torch.Generator | None] = {}  # preempted rows' generators, kept
         self._masks = TokenMasks()  # constrained rows' grammars (``request.grammar``), applied per step

@@ -75,6 +75,10 @@ class CpuKernels(Protocol):
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor: ...
 
+    def rotary(
+        self, query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> list[torch.Tensor]: ...
+
 
 def _capability() -> str:
     import torch

@@ -18,3 +18,5 @@ bool prefill_supported();
 std::vector<at::Tensor> rms_norm(
     const at::Tensor& x, const std::optional<at::Tensor>& residual, const at::Tensor& weight, double eps);
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
+std::vector<at::Tensor> rotary(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin);

@@ -267,3 +267,81 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
   });
   return out;
 }
+
+namespace {
+
+// One head's vector of ``dim`` values rotated as transformers' ``apply_rotary_pos_emb``:
+// ``x * cos + rotate_half(x) * sin``, each product and the sum rounded to T as torch's three ops
+// round them. ``scratch`` is fp32 room for 5 * dim values.
+template <typename T>
+void rotate_vector(const T* x, const T* cos, const T* sin, int64_t dim, T* out, float* scratch, T* narrow_room) {
+  const int64_t half = dim / 2;
+  float* xs = scratch;
+  float* cs = scratch + dim;
+  float* ss = scratch + 2 * dim;
+  float* direct = scratch + 3 * dim;
+  float* rotated = scratch + 4 * dim;
+  widen(x, xs, dim);
+  widen(cos, cs, dim);
+  widen(sin, ss, dim);
+  for (int64_t i = 0; i < half; ++i) {
+    direct[i] = xs[i] * cs[i];
+    direct[i + half] = xs[i + half] * cs[i + half];
+    rotated[i] = -xs[i + half] * ss[i];
+    rotated[i + half] = xs[i] * ss[i + half];
+  }
+  if constexpr (!std::is_same_v<T, float>) {  // each product rounded to T before the sum
+    narrow(direct, narrow_room, dim);
+    widen(narrow_room, direct, dim);
+    narrow(rotated, narrow_room, dim);
+    widen(narrow_room, rotated, dim);
+  }
+  for (int64_t i = 0; i < dim; ++i) direct[i] += rotated[i];
+  narrow(direct, out, dim);
+}
+
+// ``x`` ``[batch, heads, seq, dim]`` (last dim contiguous) rotated by ``cos``/``sin``
+// ``[batch, seq, dim]``: a new contiguous tensor.
+at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t batch = x.size(0), heads = x.size(1), seq = x.size(2), dim = x.size(3);
+  auto out = torch::empty({batch, heads, seq, dim}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "rotate_heads", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* cp = cos.data_ptr<scalar_t>();
+    const scalar_t* sp = sin.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const int64_t grain = std::max<int64_t>(1, 4096 / dim);
+    at::parallel_for(0, batch * heads * seq, grain, [&](int64_t begin, int64_t end) {
+      std::vector<float> scratch(5 * dim);
+      std::vector<scalar_t> narrow_room(dim);
+      for (int64_t task = begin; task < end; ++task) {
+        const int64_t b = task / (heads * seq), h = (task / seq) % heads, s = task % seq;
+        rotate_vector<scalar_t>(
+            xp + b * x.stride(0) + h * x.stride(1) + s * x.stride(2), cp + b * cos.stride(0) + s * cos.stride(1),
+            sp + b * sin.stride(0) + s * sin.stride(1), dim, op + task * dim, scratch.data(), narrow_room.data());
+      }
+    });
+  });
+  return out;
+}
+
+void check_rotary(const at::Tensor& x, const at::Tensor& cos) {
+  TORCH_CHECK(x.device().is_cpu() && x.dim() == 4 && x.stride(3) == 1, "heads must be [batch, heads, seq, dim] rows");
+  TORCH_CHECK(x.size(3) % 2 == 0, "an even head dim");
+  TORCH_CHECK(cos.dim() == 3 && cos.size(0) == x.size(0) && cos.size(1) == x.size(2) && cos.size(2) == x.size(3),
+              "cos and sin must be [batch, seq, dim]");
+  TORCH_CHECK(cos.stride(2) == 1 && cos.scalar_type() == x.scalar_type(), "cos and sin: contiguous rows, x's dtype");
+}
+
+}  // namespace
+
+// Queries and keys rotated by the rotary embedding, as transformers' ``apply_rotary_pos_emb``
+// computes them bit for bit (``cos``/``sin`` ``[batch, seq, dim]``, unsqueezed at dim 1 there).
+std::vector<at::Tensor> rotary(
+    const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin) {
+  check_rotary(query, cos);
+  check_rotary(key, cos);
+  TORCH_CHECK(sin.sizes() == cos.sizes() && sin.strides() == cos.strides() && sin.scalar_type() == cos.scalar_type(),
+              "sin must be shaped as cos");
+  return {rotate_heads(query, cos, sin), rotate_heads(key, cos, sin)};
+}
