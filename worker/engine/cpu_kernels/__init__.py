@@ -11,10 +11,10 @@ SmolLM2's heads, bf16: a 16-row x 1,450-column decode layer 1,925 -> 563 us (354
 ragged rows; vLLM's own CPU kernel 753), a 512-query chunk over 1,500 past tokens
 18.7 -> 8.4 ms (vLLM's 13.7); the long-prompt workload in-process 69.5 -> 102 tok/s.
 
-``layers.cpp`` does the same for a decoder layer's elementwise work, used by
-``worker/model/kernel_layers.py``: RMSNorm in one pass per row (with the residual add
-where asked) and the gated MLP's ``silu(gate) * up`` in one pass, where torch runs 4-8
-ops each. Per call on this EPYC, SmolLM2's widths: a norm at 1 row 15-18 -> 1.6-1.7 us,
+``layers.cpp`` does the same for a decoder layer's elementwise work, with torch's results
+bit for bit: RMSNorm in one pass per row (with the residual add where asked) and the gated
+MLP's ``silu(gate) * up`` in one pass (``worker/model/kernel_layers.py``), and the rotary
+embedding of queries and keys (``direct_decode.py``), where torch runs 2-14 ops each. Per call on this EPYC, SmolLM2's widths: a norm at 1 row 15-18 -> 1.6-1.7 us,
 at 2,048 bf16 rows 1,713 -> 321 us; ``silu * up`` at 2,048 fp32 rows 10.0 -> 1.5 ms.
 
 Built with torch's ``cpp_extension`` (gcc and ninja) for this machine's vector ISA,

@@ -1,12 +1,14 @@
 // The decoder layer's elementwise work fused: RMSNorm in one pass per row (the residual added
-// in the same pass where asked), and the gated MLP's silu(gate) * up in one pass over the fused
-// gate/up product. torch runs each as 4-8 ops, each a pass over memory and a dispatch.
+// in the same pass where asked), the gated MLP's silu(gate) * up in one pass over the fused
+// gate/up product, and the rotary embedding of queries and keys in one call. torch runs each
+// as 2-14 ops, each a pass over memory and a dispatch.
 //
 // Rounding follows transformers' modules: a half-precision RMSNorm rounds the normalized row to
 // the model's dtype before the weight multiplies it (LlamaRMSNorm), and silu(gate) is rounded
 // before it multiplies up, as torch's two ops do. silu is torch's own (at::vec's exp, the
-// expression of torch's CPU kernel), and a norm's sum of squares adds in torch's order: both
-// give torch's results bit for bit (tested against transformers' modules).
+// expression of torch's CPU kernel), a norm's sum of squares adds in torch's order, and the
+// rotation rounds each product and the sum as transformers' three ops: all give torch's results
+// bit for bit (tested against transformers' modules). Built with -ffp-contract=off for that.
 
 #include "kernels.h"
 
