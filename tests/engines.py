@@ -99,13 +99,13 @@ def byte_grammars() -> GrammarCompiler:
 
 
 def batched_engine(
-    model: LlamaForCausalLM, prefix_cache_tokens: int = 0, attention_kernel: bool = True, **limits: int
+    model: LlamaForCausalLM, prefix_cache_tokens: int = 0, use_cpu_kernels: bool = True, **limits: int
 ) -> TransformersEngine:
     return TransformersEngine(
         model,
         BatchLimits(**limits),
         prefix_cache_tokens=prefix_cache_tokens,
-        attention_kernel=attention_kernel,
+        use_cpu_kernels=use_cpu_kernels,
     )
 
 

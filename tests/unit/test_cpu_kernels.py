@@ -92,7 +92,7 @@ def test_the_engine_decodes_the_same_greedy_tokens_with_and_without_the_kernel()
     with_kernel, without = _wide_llama(), _wide_llama()
     kernel_engine, matmul_engine = (
         batched_engine(with_kernel),
-        batched_engine(without, attention_kernel=False),
+        batched_engine(without, use_cpu_kernels=False),
     )
     assert with_kernel.config._attn_implementation == KERNEL_ATTENTION_NAME
     assert run_to_end(kernel_engine, requests) == run_to_end(matmul_engine, requests)

@@ -147,12 +147,10 @@ def test_sliding_window_attention_is_left_to_the_models_forward() -> None:
 def test_a_model_on_the_matmul_attention_decodes_directly_with_the_same_tokens() -> None:
     model = tiny_llama()
     requests = [request(rid, prompt) for rid, prompt in PROMPTS.items()]
-    matmuls = batched_engine(model, attention_kernel=False)
+    matmuls = batched_engine(model, use_cpu_kernels=False)
     assert matmuls._direct is not None
     produced = run_to_end(matmuls, requests)
-    forward = TransformersEngine(
-        model, matmuls._scheduler.limits, attention_kernel=False, direct_decode=False
-    )
+    forward = TransformersEngine(model, matmuls._scheduler.limits, use_cpu_kernels=False, direct_decode=False)
     assert produced == run_to_end(forward, requests)
 
 

@@ -14,7 +14,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from shared.settings import WorkerSettings
-from tests.engines import batched_engine, request, run_to_end, tiny_llama
+from tests.engines import _tiny_config, batched_engine, request, run_to_end, tiny_llama
 from worker.engine import cpu_kernels
 from worker.model.backend import prepare_model
 from worker.model.kernel_layers import KernelGatedMLP, KernelRMSNorm, use_kernel_layers
@@ -78,15 +78,9 @@ def test_silu_and_mul_is_torchs_silu_times_up_bit_for_bit(dtype: torch.dtype, wi
 
 
 def _llama(hidden_act: str = "silu") -> LlamaForCausalLM:
-    config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        hidden_act=hidden_act,
-    )
+    """``tiny_llama``'s shape and weights, with this activation."""
+    config = _tiny_config()
+    config.hidden_act = hidden_act
     torch.manual_seed(0)
     return LlamaForCausalLM(config).eval()
 

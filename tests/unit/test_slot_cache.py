@@ -43,7 +43,7 @@ def test_decode_steps_write_into_the_same_storage() -> None:
 
 def test_bf16_decode_steps_on_whole_slots_write_in_place_until_a_row_outgrows_them() -> None:
     # Whole slots are the matmul attention's bf16 layout; the fused kernel reads the narrow view.
-    engine = batched_engine(tiny_llama().to(torch.bfloat16), attention_kernel=False)
+    engine = batched_engine(tiny_llama().to(torch.bfloat16), use_cpu_kernels=False)
     for rid, prompt in PROMPTS.items():
         engine.add(request(rid, prompt, max_new_tokens=70))
     engine.step()
@@ -78,7 +78,7 @@ def test_the_model_attends_through_the_decode_attention() -> None:
     batched_engine(model)
     assert model.config._attn_implementation == KERNEL_ATTENTION_NAME  # make setup built the kernel
     plain = tiny_llama()
-    batched_engine(plain, attention_kernel=False)
+    batched_engine(plain, use_cpu_kernels=False)
     assert plain.config._attn_implementation == ATTENTION_NAME
 
 

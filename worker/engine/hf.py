@@ -87,7 +87,7 @@ class TransformersEngine:
         prefix_cache_tokens: int = 0,
         compile_options: dict[str, Any] | None = None,
         cuda_graphs: bool = True,
-        attention_kernel: bool = True,
+        use_cpu_kernels: bool = True,
         direct_decode: bool = True,
     ) -> None:
         self._model = model
@@ -100,7 +100,7 @@ class TransformersEngine:
         # Decode steps attend through ``decode_attention.py`` where the model allows it; others keep
         # their attention and get the slot cache's mask as an additive float mask.
         # On CPU their eager steps run the fused kernel, where it builds (``cpu_kernels``).
-        self._boolean_mask = use_decode_attention(model, kernel=attention_kernel)
+        self._boolean_mask = use_decode_attention(model, kernel=use_cpu_kernels)
         # Decode steps replayed as CUDA graphs on a GPU (``graphed_decode.py``), unless told not to;
         # on CPU through torch.compile, one row and any batch (``compiled_decode.py``), when asked.
         self._compiled: CompiledDecode | GraphedDecode | None = None
@@ -118,7 +118,7 @@ class TransformersEngine:
         # (``direct_decode.py``): the same ops, a quarter less time at small batches.
         self._direct: DirectDecode | None = None
         if direct_decode and self._compiled is None and self._boolean_mask:
-            kernels = cpu_kernels.kernels() if attention_kernel and self._device.type == "cpu" else None
+            kernels = cpu_kernels.kernels() if use_cpu_kernels and self._device.type == "cpu" else None
             self._direct = DirectDecode.build(model, kernels)
         self._admissions = itertools.count()  # admission order: the newest row is preempted first
         self._generators: dict[str, torch.Generator | None] = {}  # preempted rows' generators, kept

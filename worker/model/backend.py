@@ -154,7 +154,7 @@ def _build_engine(model: Any, settings: WorkerSettings) -> Engine:
         settings.prefix_cache_tokens,
         compile_options,
         cuda_graphs=not settings.enforce_eager,
-        attention_kernel=settings.cpu_kernels,
+        use_cpu_kernels=settings.cpu_kernels,
     )
     engine.compile_decode()  # before the worker is ready: no request pays for a trace
     return engine
