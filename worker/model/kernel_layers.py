@@ -51,10 +51,12 @@ class KernelRMSNorm(nn.Module):
         self.weight = norm.weight
         self.variance_epsilon = float(norm.variance_epsilon)
         self._kernels = kernels
+        # The module's own forward (a bound method, not a submodule), for inputs the kernel does not take.
+        self._module_forward = norm.forward
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         if hidden.dtype != self.weight.dtype or hidden.stride(-1) != 1:  # promotions, odd layouts: torch's
-            return _reference_norm(hidden, self.weight, self.variance_epsilon)
+            return self._module_forward(hidden)  # type: ignore[no-any-return]
         return self._kernels.rms_norm(hidden, None, self.weight, self.variance_epsilon)[0]
 
     def add_forward(self, delta: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,11 +126,3 @@ def _gated_silu(mlp: Any) -> bool:
     silu = isinstance(activation, nn.SiLU | SiLUActivation) or activation is nn.functional.silu
     group = getattr(mlp, "gate_up_fused", None)
     return silu and group is not None and group.linear.out_features == 2 * mlp.down_proj.in_features
-
-
-def _reference_norm(hidden: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm, for inputs the kernel does not take."""
-    dtype = hidden.dtype
-    widened = hidden.to(torch.float32)
-    widened = widened * torch.rsqrt(widened.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * widened.to(dtype)
