@@ -82,9 +82,10 @@ def running_servers(
     try:
         redis.start()
         port = free_port()
-        worker = [*cli, "worker", "--redis-url", redis.url, *worker_args]
+        # As ``tokenferry serve`` connects its children: over the private server's Unix socket.
+        worker = [*cli, "worker", "--redis-url", redis.socket_url, *worker_args]
         supervisor.start("worker", worker, env=env, output=logs_dir / "worker.log")
-        gateway = [*cli, "gateway", "--redis-url", redis.url, "--port", str(port)]
+        gateway = [*cli, "gateway", "--redis-url", redis.socket_url, "--port", str(port)]
         supervisor.start("gateway", gateway, env=env, output=logs_dir / "gateway.log")
         base_url = f"http://127.0.0.1:{port}"
         model = _wait_ready(base_url, supervisor, logs_dir)

@@ -8,6 +8,7 @@ cases run real processes; the 404s run the in-process stack.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from shared.redis_connect import sync_client
 from shared.redis_server import free_port
 from shared.settings import WorkerSettings
 from tests.helpers import FAKE_MODEL, chat_body, running_stack
@@ -108,6 +110,24 @@ def test_serve_with_an_api_key_announces_itself_once_its_model_is_served() -> No
         serve.wait(timeout=30)
     assert f"tokenferry is serving {FAKE_MODEL} at http://127.0.0.1:{port}/v1" in output
     assert serve.returncode == 0
+
+
+def test_serve_connects_its_gateway_and_worker_to_the_private_redis_over_its_unix_socket() -> None:
+    """The banner names the TCP address (for redis-cli); the children use the socket (no TCP stack per command)."""
+    port = free_port()
+    serve = spawn_cli("serve", "--port", str(port), "--engine", "fake", "--model", FAKE_MODEL)
+    try:
+        output = read_until_serving(serve)
+        banner_url = re.search(r"private Redis at (redis://\S+);", output)
+        assert banner_url is not None, output
+        with sync_client(banner_url.group(1)) as redis:
+            clients = redis.client_list()
+    finally:
+        serve.send_signal(signal.SIGINT)
+        serve.wait(timeout=30)
+    others = [client for client in clients if client["cmd"] != "client|list"]
+    assert others, clients  # the worker's and the gateway's connections
+    assert all("redis.sock" in client["addr"] for client in others), others
 
 
 def test_an_empty_api_key_means_no_key_for_complete_and_batch(keyless_stack: str, tmp_path: Path) -> None:

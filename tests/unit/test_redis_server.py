@@ -6,10 +6,12 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
+from shared.redis_connect import sync_client
 from shared.redis_server import (
     BUNDLED,
     NOT_FOUND,
@@ -112,3 +114,29 @@ def test_the_local_cluster_without_any_redis_says_so_in_one_line_and_fails(tmp_p
     assert result.returncode != 0
     assert f"tokenferry cluster: {NOT_FOUND}" in result.stderr.splitlines()
     assert "Traceback" not in result.stderr
+
+
+def test_the_embedded_server_answers_on_its_unix_socket_too() -> None:
+    with EmbeddedRedis() as server:
+        assert server.socket_path is not None
+        assert server.socket_url == f"unix://{server.socket_path}?db=0"
+        mode = server.socket_path.stat().st_mode
+        assert stat.S_ISSOCK(mode)
+        assert stat.S_IMODE(mode) == 0o700  # only this user's processes reach it
+        with sync_client(server.socket_url) as over_socket, sync_client(server.url) as over_tcp:
+            over_socket.set("written-over-the-socket", "1")
+            assert over_tcp.get("written-over-the-socket") == b"1"
+
+
+def test_a_socket_path_too_long_for_the_platform_leaves_tcp_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    deep = tmp_path / ("d" * 120)
+    deep.mkdir()
+    monkeypatch.setenv("TMPDIR", str(deep))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    with EmbeddedRedis() as server:
+        assert server.socket_path is None
+        assert server.socket_url == server.url
+        with sync_client(server.socket_url) as client:
+            assert client.ping()
