@@ -55,15 +55,62 @@ inline __m512 sum16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
 }
 
-// One row and key/value head, head_dim = 16 * DV, in blocks of 16 columns: each block's keys
-// (then values) widened to fp32 once into a small buffer, then every grouped query head reads
-// them from L1 with its accumulators in registers.
+// The weighted values of ``G`` grouped query heads, column by column: each value vector is
+// loaded once and meets every group's weight, so G * DC accumulators are in flight at once (one
+// group's 16-column chain at a time left the multiply-adds waiting on each other's latency).
+// ``DC`` vectors of 16 dims per pass over the columns keep the accumulators within the registers.
+// Each accumulator still adds its columns in order, so the result is the same to the bit.
+template <typename T, int DV, int G>
+void accumulate_values(
+    const float* scores, int64_t padded, const T* v, int64_t v_col, int64_t span, float (*accs)[kMaxHeadDim]) {
+  constexpr int DC = G * DV <= 24 ? DV : (G * 4 <= 24 && DV % 4 == 0 ? 4 : (G * 2 <= 24 ? 2 : 1));
+  for (int d0 = 0; d0 < DV; d0 += DC) {
+    __m512 acc[G][DC];
+    for (int g = 0; g < G; ++g)
+      for (int d = 0; d < DC; ++d) acc[g][d] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < span; ++j) {
+      const T* vc = v + j * v_col + 16 * d0;
+      __m512 values[DC];
+      for (int d = 0; d < DC; ++d) values[d] = __m512(load_floats(vc + 16 * d));
+      for (int g = 0; g < G; ++g) {
+        const __m512 w = _mm512_set1_ps(scores[g * padded + j]);
+        for (int d = 0; d < DC; ++d) acc[g][d] = _mm512_fmadd_ps(w, values[d], acc[g][d]);
+      }
+    }
+    for (int g = 0; g < G; ++g)
+      for (int d = 0; d < DC; ++d) _mm512_store_ps(accs[g] + 16 * (d0 + d), acc[g][d]);
+  }
+}
+
+template <typename T, int DV>
+bool accumulate_values_grouped(
+    int64_t groups, const float* scores, int64_t padded, const T* v, int64_t v_col, int64_t span,
+    float (*accs)[kMaxHeadDim]) {
+  switch (groups) {
+    case 1: accumulate_values<T, DV, 1>(scores, padded, v, v_col, span, accs); return true;
+    case 2: accumulate_values<T, DV, 2>(scores, padded, v, v_col, span, accs); return true;
+    case 3: accumulate_values<T, DV, 3>(scores, padded, v, v_col, span, accs); return true;
+    case 4: accumulate_values<T, DV, 4>(scores, padded, v, v_col, span, accs); return true;
+    case 5: accumulate_values<T, DV, 5>(scores, padded, v, v_col, span, accs); return true;
+    case 6: accumulate_values<T, DV, 6>(scores, padded, v, v_col, span, accs); return true;
+    case 7: accumulate_values<T, DV, 7>(scores, padded, v, v_col, span, accs); return true;
+    case 8: accumulate_values<T, DV, 8>(scores, padded, v, v_col, span, accs); return true;
+    default: return false;
+  }
+}
+
+// One row and key/value head, head_dim = 16 * DV, in blocks of 16 columns. Keys of other types
+// are widened to fp32 once per block into a small buffer; fp32 keys are read where they lie.
+// Every grouped query head then reads them from L1 with its accumulators in registers.
 template <typename T, int DV>
 void decode_task_avx512(
     const float (*q)[kMaxHeadDim], int64_t groups, const T* k, int64_t k_col, const T* v, int64_t v_col,
     const bool* m, int64_t m_col, int64_t span, float* scores, T* o) {
   constexpr int D = 16 * DV;
-  alignas(64) float block[16][D];
+  constexpr bool kDirect = std::is_same_v<T, float>;
+  alignas(64) float block[kDirect ? 1 : 16][D];
+  alignas(64) static const float zeros[D] = {};
+  const float* columns[16];
   const int64_t padded = (span + 15) / 16 * 16;
   __m512 maxima[kMaxGroups];
   for (int64_t g = 0; g < groups; ++g) maxima[g] = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
@@ -74,16 +121,21 @@ void decode_task_avx512(
     for (int64_t c = 0; c < n; ++c) {
       if (m[(j0 + c) * m_col]) keep |= static_cast<__mmask16>(1u << c);
       const T* kc = k + (j0 + c) * k_col;
-      for (int d = 0; d < D; d += 16) load_floats(kc + d).store(block[c] + d);
+      if constexpr (kDirect) {
+        columns[c] = kc;
+      } else {
+        for (int d = 0; d < D; d += 16) load_floats(kc + d).store(block[c] + d);
+        columns[c] = block[c];
+      }
     }
-    for (int64_t c = n; c < 16; ++c) std::fill(block[c], block[c] + D, 0.0f);
+    for (int64_t c = n; c < 16; ++c) columns[c] = zeros;
     for (int64_t g = 0; g < groups; ++g) {
       __m512 qv[DV];
       for (int d = 0; d < DV; ++d) qv[d] = _mm512_load_ps(q[g] + 16 * d);
       __m512 partial[16];
       for (int c = 0; c < 16; ++c) {
-        __m512 acc = _mm512_mul_ps(qv[0], _mm512_load_ps(block[c]));
-        for (int d = 1; d < DV; ++d) acc = _mm512_fmadd_ps(qv[d], _mm512_load_ps(block[c] + 16 * d), acc);
+        __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(columns[c]));
+        for (int d = 1; d < DV; ++d) acc = _mm512_fmadd_ps(qv[d], _mm512_loadu_ps(columns[c] + 16 * d), acc);
         partial[c] = acc;
       }
       const __m512 s = _mm512_mask_blend_ps(keep, minus_inf, sum16(partial));
@@ -103,23 +155,26 @@ void decode_task_avx512(
     }
     totals[g] = _mm512_reduce_add_ps(total);
   }
-  alignas(64) float accs[kMaxGroups][D];
-  for (int64_t g = 0; g < groups; ++g) std::fill(accs[g], accs[g] + D, 0.0f);
-  for (int64_t j0 = 0; j0 < span; j0 += 16) {
-    const int64_t n = std::min<int64_t>(16, span - j0);
-    for (int64_t c = 0; c < n; ++c) {
-      const T* vc = v + (j0 + c) * v_col;
-      for (int d = 0; d < D; d += 16) load_floats(vc + d).store(block[c] + d);
-    }
-    for (int64_t g = 0; g < groups; ++g) {
-      const float* w = scores + g * padded + j0;
-      __m512 acc[DV];
-      for (int d = 0; d < DV; ++d) acc[d] = _mm512_load_ps(accs[g] + 16 * d);
+  alignas(64) float accs[kMaxGroups][kMaxHeadDim];
+  if (!accumulate_values_grouped<T, DV>(groups, scores, padded, v, v_col, span, accs)) {
+    alignas(64) float vblock[16][D];
+    for (int64_t g = 0; g < groups; ++g) std::fill(accs[g], accs[g] + D, 0.0f);
+    for (int64_t j0 = 0; j0 < span; j0 += 16) {
+      const int64_t n = std::min<int64_t>(16, span - j0);
       for (int64_t c = 0; c < n; ++c) {
-        const __m512 wc = _mm512_set1_ps(w[c]);
-        for (int d = 0; d < DV; ++d) acc[d] = _mm512_fmadd_ps(wc, _mm512_load_ps(block[c] + 16 * d), acc[d]);
+        const T* vc = v + (j0 + c) * v_col;
+        for (int d = 0; d < D; d += 16) load_floats(vc + d).store(vblock[c] + d);
       }
-      for (int d = 0; d < DV; ++d) _mm512_store_ps(accs[g] + 16 * d, acc[d]);
+      for (int64_t g = 0; g < groups; ++g) {
+        const float* w = scores + g * padded + j0;
+        __m512 acc[DV];
+        for (int d = 0; d < DV; ++d) acc[d] = _mm512_load_ps(accs[g] + 16 * d);
+        for (int64_t c = 0; c < n; ++c) {
+          const __m512 wc = _mm512_set1_ps(w[c]);
+          for (int d = 0; d < DV; ++d) acc[d] = _mm512_fmadd_ps(wc, _mm512_load_ps(vblock[c] + 16 * d), acc[d]);
+        }
+        for (int d = 0; d < DV; ++d) _mm512_store_ps(accs[g] + 16 * d, acc[d]);
+      }
     }
   }
   for (int64_t g = 0; g < groups; ++g) {
