@@ -199,30 +199,34 @@ void decode_task_bf16(
   const int64_t padded = (span + 15) / 16 * 16;
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const __m512 scale_v = _mm512_set1_ps(scale);
-  float maxima[kMaxGroups];
-  for (int64_t g = 0; g < groups; ++g) {
-    __m512i qv[W];
-    for (int w = 0; w < W; ++w) qv[w] = _mm512_loadu_si512(q + g * q_head + 32 * w);
-    __m512 top = minus_inf;
-    for (int64_t j0 = 0; j0 < padded; j0 += 16) {
-      const int64_t n = std::min<int64_t>(16, span - j0);
-      __mmask16 keep = 0;
+  // Block by block, every group in turn: a block's 16 keys are read from memory once and stay
+  // in L1 for the other groups (a whole row's keys per group came from L2 again for each group).
+  __m512 tops[kMaxGroups];
+  for (int64_t g = 0; g < groups; ++g) tops[g] = minus_inf;
+  for (int64_t j0 = 0; j0 < padded; j0 += 16) {
+    const int64_t n = std::min<int64_t>(16, span - j0);
+    __mmask16 keep = 0;
+    for (int c = 0; c < n; ++c)
+      if (m[(j0 + c) * m_col]) keep |= static_cast<__mmask16>(1u << c);
+    for (int64_t g = 0; g < groups; ++g) {
+      __m512i qv[W];
+      for (int w = 0; w < W; ++w) qv[w] = _mm512_loadu_si512(q + g * q_head + 32 * w);
       __m512 partial[16];
       for (int c = 0; c < 16; ++c) {
         __m512 acc = _mm512_setzero_ps();
         if (c < n) {
           const at::BFloat16* kc = k + (j0 + c) * k_col;
           for (int w = 0; w < W; ++w) acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(kc + 32 * w), (__m512bh)qv[w]);
-          if (m[(j0 + c) * m_col]) keep |= static_cast<__mmask16>(1u << c);
         }
         partial[c] = acc;
       }
       const __m512 sv = _mm512_mask_blend_ps(keep, minus_inf, _mm512_mul_ps(sum16(partial), scale_v));
       _mm512_storeu_ps(scores + g * padded + j0, sv);
-      top = _mm512_max_ps(top, sv);
+      tops[g] = _mm512_max_ps(tops[g], sv);
     }
-    maxima[g] = _mm512_reduce_max_ps(top);
   }
+  float maxima[kMaxGroups];
+  for (int64_t g = 0; g < groups; ++g) maxima[g] = _mm512_reduce_max_ps(tops[g]);
   float totals[kMaxGroups];
   for (int64_t g = 0; g < groups; ++g) {
     float* sg = scores + g * padded;
