@@ -113,7 +113,7 @@ def test_serve_with_an_api_key_announces_itself_once_its_model_is_served() -> No
 
 
 def test_serve_connects_its_gateway_and_worker_to_the_private_redis_over_its_unix_socket() -> None:
-    """The banner names the TCP address (for redis-cli); the children use the socket (no TCP stack per command)."""
+    """The banner names the TCP address (for redis-cli); the children use the socket (no TCP stack)."""
     port = free_port()
     serve = spawn_cli("serve", "--port", str(port), "--engine", "fake", "--model", FAKE_MODEL)
     try:
