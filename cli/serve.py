@@ -64,11 +64,13 @@ def serve(args: argparse.Namespace, flags: dict[str, options.Flags]) -> int:
     supervisor = Supervisor(grace_s=_STOP_TIMEOUT_S)
     stop = stop_on_signals()
     try:
-        if redis is not None:
-            redis.start()
-        redis_url = args.redis_url if redis is None else redis.url  # the banner's: redis-cli reaches it
-        # The children are on this machine: the private server's socket spares every command the TCP stack.
-        redis_env = {"TOKENFERRY_REDIS_URL": args.redis_url if redis is None else redis.socket_url}
+        if redis is None:
+            redis_url = children_url = args.redis_url
+        else:
+            # The banner names the TCP address (redis-cli reaches it); the children, on this machine,
+            # use the private server's socket, which spares every command the TCP stack.
+            redis_url, children_url = redis.start().url, redis.socket_url
+        redis_env = {"TOKENFERRY_REDIS_URL": children_url}
         supervisor.start("worker", cli_command("worker", *worker_argv), env=with_environment(redis_env))
         gateway_address = ["--host", args.host, "--port", str(args.port)]
         gateway_env = with_environment({**redis_env, **key_env})
