@@ -11,6 +11,7 @@ from transformers import LlamaForCausalLM
 
 from tests.engines import _tiny_config, batched_engine, request, run_to_end, sdpa_reference, tiny_llama
 from worker.engine import cpu_kernels
+from worker.engine.cpu_kernels import choices
 from worker.engine.decode_attention import ATTENTION_NAME, KERNEL_ATTENTION_NAME, kernel_attention_forward
 
 
@@ -145,6 +146,51 @@ def test_prefill_kernel_computes_what_sdpa_does(
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     expected = sdpa_reference(query, key, value, causal[None, None])
     torch.testing.assert_close(output.float(), expected, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("dots", [True, False])
+@pytest.mark.parametrize(("queries", "past"), [(70, 0), (64, 100)])
+def test_bf16_prefill_computes_what_sdpa_does_in_dot_products_and_in_fp32(
+    dots: bool, queries: int, past: int
+) -> None:
+    """Both variants ``choices`` picks between, called directly (the machine's pick aside)."""
+    kernels = cpu_kernels.kernels()
+    assert kernels is not None
+    torch.manual_seed(queries)
+    keys = past + queries
+    query = torch.randn(1, queries, 9, 64, dtype=torch.bfloat16).transpose(1, 2)
+    key, value = (torch.randn(1, 3, keys, 64, dtype=torch.bfloat16) for _ in range(2))
+    causal = torch.arange(keys)[None, :] <= (past + torch.arange(queries))[:, None]
+    mask = None if past == 0 else causal[None, None]
+    output = kernels.prefill_attention(query, key, value, mask, 0.125, dots)
+    expected = sdpa_reference(query, key, value, causal[None, None])
+    torch.testing.assert_close(output.float(), expected, atol=1e-2, rtol=1e-2)
+
+
+class _TimedKernels:
+    """Kernels whose bf16 prefill takes the given seconds per variant."""
+
+    def __init__(self, dots_seconds: float, fp32_seconds: float) -> None:
+        self.seconds = {True: dots_seconds, False: fp32_seconds}
+        self.clock = 0.0
+
+    def prefill_attention(self, *args: object) -> None:
+        self.clock += self.seconds[bool(args[-1])]
+
+
+@pytest.mark.parametrize(
+    ("dots_ms", "fp32_ms", "chosen"),
+    [(2.1, 1.4, False), (1.4, 2.1, True), (1.45, 1.4, True)],  # Xeon w/o AMX, EPYC, a near tie
+)
+def test_bf16_prefill_runs_the_variant_measured_faster_here(
+    monkeypatch: pytest.MonkeyPatch, dots_ms: float, fp32_ms: float, chosen: bool
+) -> None:
+    fake = _TimedKernels(dots_ms / 1e3, fp32_ms / 1e3)
+    monkeypatch.setattr(choices.time, "perf_counter", lambda: fake.clock)
+    monkeypatch.setattr(choices._Chosen, "bf16_dots", None)
+    assert choices.bf16_dot_products(fake) is chosen  # type: ignore[arg-type]
+    fake.seconds = {True: 1.0, False: 0.0}
+    assert choices.bf16_dot_products(fake) is chosen  # type: ignore[arg-type]  # measured once
 
 
 def test_prefill_kernel_honours_padding_in_the_mask() -> None:

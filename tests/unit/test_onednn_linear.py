@@ -1,11 +1,16 @@
-"""oneDNN packed Linear layers compute what nn.Linear does; only plain fp32/bf16 CPU Linears are swapped."""
+"""oneDNN packed Linear layers compute what nn.Linear does; only plain fp32/bf16 CPU Linears are swapped;
+wide bf16 inputs multiply in fp32 from the row count measured faster."""
 
 from __future__ import annotations
 
+import itertools
+
+import pytest
 import torch
 from torch import nn
 
-from worker.model.onednn_linear import PackedLinear, can_pack, pack_linear_layers
+from worker.model import onednn_linear
+from worker.model.onednn_linear import PackedLinear, can_pack, pack_linear_layers, wide_rows
 
 
 class _Custom(nn.Linear):
@@ -50,3 +55,65 @@ def test_bfloat16_layers_are_packed_where_onednn_runs_bf16() -> None:
 def test_only_float32_and_bfloat16_models_on_cpu_are_packed() -> None:
     assert not can_pack(_model().to(torch.float16))
     assert not can_pack(nn.Sequential(nn.SiLU()))  # no parameters at all
+
+
+def _bf16_layer() -> PackedLinear:
+    torch.manual_seed(1)
+    linear = nn.Linear(64, 96).to(torch.bfloat16)
+    return PackedLinear(linear)
+
+
+def test_a_wide_bf16_input_multiplies_the_bf16_operands_in_fp32_and_rounds_once() -> None:
+    assert torch.ops.mkldnn._is_mkldnn_bf16_supported()  # the pinned CPU build of torch runs bf16
+    linear = nn.Linear(64, 96).to(torch.bfloat16)
+    layer = PackedLinear(linear)
+    hidden = torch.randn(2, 300, 64).to(torch.bfloat16)
+    with torch.inference_mode():
+        narrow = layer(hidden)
+        layer.wide_rows = 256
+        wide = layer(hidden)
+        two_rows = layer(hidden[:, :1])  # under wide_rows: the packed bf16 product
+    exact = nn.functional.linear(hidden.float(), linear.weight.float(), linear.bias.float())
+    assert wide.dtype == torch.bfloat16 and wide.shape == (2, 300, 96)
+    assert torch.equal(wide, exact.to(torch.bfloat16))
+    torch.testing.assert_close(wide, narrow, rtol=2e-2, atol=2e-2)  # oneDNN's bf16 sums in another order
+    assert torch.equal(two_rows, narrow[:, :1])
+
+
+def _scripted(monkeypatch: pytest.MonkeyPatch, seconds: list[float]) -> None:
+    """``_median_seconds`` answers these in turn: (packed, fp32) for each row count tried."""
+    answers = iter(seconds)
+    monkeypatch.setattr(onednn_linear, "_median_seconds", lambda run: next(answers))
+
+
+@pytest.mark.parametrize(
+    ("timings", "expected"),
+    [
+        # (packed bf16, fp32) at 128, 256, 512 rows
+        ([(2.5, 2.7), (5.1, 4.2), (10.4, 7.3)], 256),  # measured on a 2-core Xeon without AMX
+        ([(1.0, 2.0), (2.0, 4.0), (4.0, 8.0)], None),  # bf16 the faster everywhere (AMX, EPYC)
+        ([(3.0, 2.0), (6.0, 4.0), (12.0, 8.0)], 128),
+        ([(3.0, 2.0), (4.0, 4.0), (12.0, 8.0)], 512),  # a tie in between: from where it always wins
+        ([(2.0, 1.9), (4.0, 3.8), (8.0, 7.6)], None),  # within the margin: a noisy gain is no gain
+    ],
+)
+def test_wide_rows_is_the_fewest_rows_from_which_fp32_measures_clearly_faster(
+    monkeypatch: pytest.MonkeyPatch, timings: list[tuple[float, float]], expected: int | None
+) -> None:
+    _scripted(monkeypatch, list(itertools.chain.from_iterable(timings)))
+    assert wide_rows(_bf16_layer()) == expected
+
+
+def test_packing_a_bf16_model_sets_the_measured_wide_rows_on_every_layer(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    measured = []
+    monkeypatch.setattr(onednn_linear, "wide_rows", lambda layer: measured.append(layer) or 256)
+    model = nn.Sequential(nn.Linear(16, 32), nn.Linear(32, 16), nn.Linear(16, 32)).to(torch.bfloat16)
+    pack_linear_layers(model)
+    assert [module.wide_rows for module in model] == [256, 256, 256]
+    assert measured == [model[0]]  # once, on the most common shape
+    fp32 = _model()
+    pack_linear_layers(fp32)
+    assert fp32[0].wide_rows is None  # fp32 models have nothing to widen

@@ -61,6 +61,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from worker.engine import cpu_kernels
+from worker.engine.cpu_kernels import choices
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +121,9 @@ def kernel_attention_forward(
         elif kernels.prefill_supported() and _prefill_kernel_serves(
             module, query, key, value, attention_mask, dropout, kwargs
         ):
-            return kernels.prefill_attention(query, key, value, attention_mask, scale), None
+            # bf16 in bf16 dot products or in fp32, whichever this machine runs faster (``choices``).
+            dots = query.dtype == torch.bfloat16 and choices.bf16_dot_products(kernels)
+            return kernels.prefill_attention(query, key, value, attention_mask, scale, dots), None
     return decode_attention_forward(
         module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
     )

@@ -12,6 +12,19 @@ bfloat16 gains more, on a CPU that oneDNN runs bf16 on: the same shapes measured
 (one thread team, this EPYC with AVX512_BF16) 63 -> 30 us at one row, 181 -> 145 us
 at 32 rows, and the 49,152-wide LM head 3.0 -> 1.4 ms at one row, 7.0 -> 5.0 ms at 32.
 
+Wide bf16 products in fp32, where this machine runs them faster. On a 2-core Intel Xeon
+with AVX512_BF16 and no AMX exposed, oneDNN's packed bf16 products ran at 155-172 GFLOP/s
+from 32 to 1,800 rows while fp32 ran at 218-304 (SmolLM2's four layer shapes, 2 threads): a
+1,850-token bf16 prefill spent 2.4 of its 3.2 s in Linears. There, an input of many rows (a
+prefill) widens to fp32 and multiplies the packed weight's fp32 copy, made for that call
+(``to_dense``: about 1.5 ms a layer of SmolLM2) and dropped after it: at 1,024 rows 42.4 ->
+25.1 ms a layer, at 128 rows 5.4 -> 4.1. The products are the same (bf16 x bf16 is exact in
+fp32, and both sum in fp32); the output is rounded to bf16 as before. Decode steps' few rows
+stay in bf16, which reads half the bytes. Where the fp32 route pays, and from how many rows,
+is measured at packing time (``wide_rows``: about 0.3 s, on the model's most common layer
+shape): on an EPYC or an AMX core bf16 is the faster and nothing changes. Nothing is kept:
+the weights' memory is the packed bf16 copy alone.
+
 Only exact ``nn.Linear`` modules of a float32 or bfloat16 model on CPU are swapped; other
 layer kinds (quantized, LoRA, custom subclasses) are left as they are. The
 packed copy replaces the layer's weight, except where the weight is shared
@@ -22,15 +35,25 @@ Results can differ from MKL's in the last bits (another summation order).
 from __future__ import annotations
 
 import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
 
 logger = logging.getLogger(__name__)
 
+# The row counts tried for the fp32 route of bf16 products, and how much faster it must measure.
+WIDE_ROWS_TRIED = (128, 256, 512)
+WIDE_MARGIN = 1.1
+_REPEATS = 5
+
 
 class PackedLinear(nn.Module):
-    """``nn.Linear``'s forward on a weight packed once for oneDNN."""
+    """``nn.Linear``'s forward on a weight packed once for oneDNN; inputs of ``wide_rows`` rows or
+    more (when set) multiply in fp32 (see the module docstring)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -39,15 +62,28 @@ class PackedLinear(nn.Module):
         with torch.no_grad():
             self.packed_weight = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
         self.bias = linear.bias
+        self.wide_rows: int | None = None
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.wide_rows is not None and hidden.numel() >= self.wide_rows * self.in_features:
+            return self.forward_in_fp32(hidden)
+        return self.forward_packed(hidden)
+
+    def forward_packed(self, hidden: torch.Tensor) -> torch.Tensor:
         output: torch.Tensor = torch.ops.mkldnn._linear_pointwise(
             hidden, self.packed_weight, self.bias, "none", [], ""
         )
         return output
 
+    def forward_in_fp32(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The product in fp32 on a copy of the weight made for this call, rounded to ``hidden``'s dtype."""
+        weight = self.packed_weight.to_dense(torch.float32)
+        bias = None if self.bias is None else self.bias.float()
+        return nn.functional.linear(hidden.float(), weight, bias).to(hidden.dtype)
+
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, onednn_packed=True"
+        wide = "" if self.wide_rows is None else f", fp32_from_rows={self.wide_rows}"
+        return f"in_features={self.in_features}, out_features={self.out_features}, onednn_packed=True{wide}"
 
 
 def can_pack(model: nn.Module) -> bool:
@@ -72,4 +108,47 @@ def pack_linear_layers(model: nn.Module) -> int:
                 setattr(parent, name, PackedLinear(child))
                 swapped += 1
     logger.info("oneDNN packed %d Linear layers", swapped)
+    packed = [module for module in model.modules() if isinstance(module, PackedLinear)]
+    if packed and packed[0].packed_weight.dtype == torch.bfloat16:
+        rows = wide_rows(_most_common_shape(packed))
+        for module in packed:
+            module.wide_rows = rows
     return swapped
+
+
+def wide_rows(layer: PackedLinear) -> int | None:
+    """The fewest rows (of ``WIDE_ROWS_TRIED``) from which ``layer``'s bf16 product runs faster in
+    fp32 on this machine, by ``WIDE_MARGIN`` at least there and at every larger count; None when it
+    never does."""
+    generator = torch.Generator().manual_seed(0)
+    faster: list[int] = []
+    with torch.inference_mode():
+        for rows in WIDE_ROWS_TRIED:
+            hidden = torch.randn(rows, layer.in_features, generator=generator).to(torch.bfloat16)
+            packed = _median_seconds(partial(layer.forward_packed, hidden))
+            in_fp32 = _median_seconds(partial(layer.forward_in_fp32, hidden))
+            logger.debug("bf16 product, %d rows: packed %.5f s, fp32 %.5f s", rows, packed, in_fp32)
+            faster.append(rows if in_fp32 * WIDE_MARGIN < packed else 0)
+    chosen = next((rows for index, rows in enumerate(faster) if rows and all(faster[index:])), None)
+    if chosen is None:
+        logger.info("bf16 products stay in bf16 at every width (measured faster here)")
+    else:
+        logger.info("bf16 products of %d rows or more multiply in fp32 (measured faster here)", chosen)
+    return chosen
+
+
+def _most_common_shape(layers: list[PackedLinear]) -> PackedLinear:
+    """A layer of the shape most layers have (the largest of those): a decoder layer's, not the head's."""
+    shapes = Counter((layer.in_features, layer.out_features) for layer in layers)
+    shape = max(shapes, key=lambda pair: (shapes[pair], pair[0] * pair[1]))
+    return next(layer for layer in layers if (layer.in_features, layer.out_features) == shape)
+
+
+def _median_seconds(run: Callable[[], object]) -> float:
+    run()  # first touch of the buffers, outside the timing
+    times = []
+    for _ in range(_REPEATS):
+        started = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[_REPEATS // 2]

@@ -66,6 +66,7 @@ class CpuKernels(Protocol):
         value: torch.Tensor,
         mask: torch.Tensor | None,
         scale: float,
+        dots: bool = True,
     ) -> torch.Tensor: ...
 
     def prefill_supported(self) -> bool: ...

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -483,7 +484,7 @@ inline __mmask16 mask_lanes(const bool* row, int64_t base, int64_t k_len, int64_
   return keep;
 }
 
-template <typename T, int DV>
+template <typename T, int DV, bool kDots>
 void prefill_task(
     const PrefillShape& shape, const T* q, int64_t q_pos, int64_t q_head, const T* k, int64_t k_pos,
     const T* v, int64_t v_pos, const bool* mask, int64_t m_q, int64_t m_k, float scale, int64_t q0,
@@ -491,9 +492,9 @@ void prefill_task(
   constexpr int D = 16 * DV;
   constexpr int kValueRows = 24 / DV;
 #ifdef TOKENFERRY_AVX512_BF16
-  // bf16 on AVX512_BF16 cores: products as dot products of bf16 pairs (vdpbf16ps), fp32 sums; the
-  // key and value blocks are laid out in pairs (VNNI) instead of widened.
-  constexpr bool dots = std::is_same_v<T, at::BFloat16>;
+  // bf16 on AVX512_BF16 cores, where asked (kDots): products as dot products of bf16 pairs
+  // (vdpbf16ps), fp32 sums; the key and value blocks are laid out in pairs (VNNI) instead of widened.
+  constexpr bool dots = kDots && std::is_same_v<T, at::BFloat16>;
 #else
   constexpr bool dots = false;
 #endif  // register tile of the weighted values
@@ -737,9 +738,11 @@ at::Tensor decode_attention(
 // dimension contiguous); mask bool [batch, 1, q_len, k_len] (true where attended) or None for
 // causal attention with the queries as the last q_len keys. Returns [batch, q_len, heads,
 // head_dim], as transformers' sdpa does. head_dim 64 or 128, AVX-512 builds only (prefill_supported).
+// ``dots``: bf16 products in bf16 dot products where the build has them (AVX512_BF16), else
+// widened to fp32 FMAs; which is faster depends on the cores (``cpu_kernels.choices``).
 at::Tensor prefill_attention(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-    const std::optional<at::Tensor>& mask, double scale) {
+    const std::optional<at::Tensor>& mask, double scale, bool dots) {
 #ifdef CPU_CAPABILITY_AVX512
   TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4, "4-d tensors expected");
   TORCH_CHECK(query.scalar_type() == key.scalar_type() && key.scalar_type() == value.scalar_type(), "one dtype");
@@ -759,8 +762,9 @@ at::Tensor prefill_attention(
   const int64_t blocks = (shape.q_len + kQueryBlock - 1) / kQueryBlock;
   const int64_t tasks = batch * shape.kv_heads * blocks;
   const float fscale = static_cast<float>(scale);
-  auto run = [&](auto tag) {
+  auto run = [&](auto tag, auto paired) {
     using T = decltype(tag);
+    constexpr bool kDots = decltype(paired)::value;
     const T* qb = query.data_ptr<T>();
     const T* kb = key.data_ptr<T>();
     const T* vb = value.data_ptr<T>();
@@ -779,18 +783,24 @@ at::Tensor prefill_attention(
       const int64_t m_q = mb == nullptr ? 0 : mask->stride(2), m_k = mb == nullptr ? 0 : mask->stride(3);
       T* o = ob + b * out.stride(0) + kv * shape.groups * head_dim;
       if (head_dim == 64) {
-        prefill_task<T, 4>(shape, q, query.stride(2), query.stride(1), k, key.stride(2), v, value.stride(2), m,
+        prefill_task<T, 4, kDots>(shape, q, query.stride(2), query.stride(1), k, key.stride(2), v, value.stride(2), m,
                            m_q, m_k, fscale, block * kQueryBlock, o, out.stride(1));
       } else {
-        prefill_task<T, 8>(shape, q, query.stride(2), query.stride(1), k, key.stride(2), v, value.stride(2), m,
+        prefill_task<T, 8, kDots>(shape, q, query.stride(2), query.stride(1), k, key.stride(2), v, value.stride(2), m,
                            m_q, m_k, fscale, block * kQueryBlock, o, out.stride(1));
       }
     }
   };
   switch (query.scalar_type()) {
-    case at::kFloat: run(float{}); break;
-    case at::kBFloat16: run(at::BFloat16{}); break;
-    case at::kHalf: run(at::Half{}); break;
+    case at::kFloat: run(float{}, std::false_type{}); break;
+    case at::kBFloat16:
+      if (dots) {
+        run(at::BFloat16{}, std::true_type{});
+      } else {
+        run(at::BFloat16{}, std::false_type{});
+      }
+      break;
+    case at::kHalf: run(at::Half{}, std::false_type{}); break;
     default: TORCH_CHECK(false, "float32, bfloat16 or float16 expected");
   }
   return out;

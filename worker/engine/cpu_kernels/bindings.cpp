@@ -3,7 +3,8 @@
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, "one-token-per-row attention over a slot cache");
-  m.def("prefill_attention", &prefill_attention, "flash attention over a chunk of queries");
+  m.def("prefill_attention", &prefill_attention, "flash attention over a chunk of queries",
+        py::arg("query"), py::arg("key"), py::arg("value"), py::arg("mask"), py::arg("scale"), py::arg("dots") = true);
   m.def("prefill_supported", &prefill_supported, "whether this build has prefill_attention");
   m.def("rms_norm", &rms_norm, "RMSNorm of each row, of x + residual where given (returned too)",
         py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"));

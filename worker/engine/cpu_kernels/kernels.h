@@ -11,7 +11,7 @@ at::Tensor decode_attention(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& mask, double scale);
 at::Tensor prefill_attention(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const std::optional<at::Tensor>& mask,
-    double scale);
+    double scale, bool dots);
 bool prefill_supported();
 
 // layers.cpp
