@@ -52,12 +52,13 @@ from typing import Any
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
+from transformers.cache_utils import Cache
 
 from worker.engine import EngineRequest, EngineStats, SequenceUpdate, cpu_kernels, failed_update
 from worker.engine.batch_sampling import BatchSampler
 from worker.engine.compiled_decode import CompiledDecode
 from worker.engine.decode_attention import KERNEL_ATTENTION_NAME, use_decode_attention
-from worker.engine.direct_decode import DirectDecode
+from worker.engine.direct_forward import DirectForward
 from worker.engine.graphed_decode import GraphedDecode
 from worker.engine.isolation import accept_rows, bisect, failing_alone, guarded, sample_rows
 from worker.engine.kv_cache import PaddedKVCache, prefill_layout, single_row_cache, stack_left_padded
@@ -88,7 +89,7 @@ class TransformersEngine:
         compile_options: dict[str, Any] | None = None,
         cuda_graphs: bool = True,
         use_cpu_kernels: bool = True,
-        direct_decode: bool = True,
+        direct_forward: bool = True,
     ) -> None:
         self._model = model
         self._device = model.device
@@ -114,12 +115,12 @@ class TransformersEngine:
                 self._compiled = CompiledDecode(model, limits.max_batch_size, compile_options)
             else:
                 logger.warning("--compile needs the decode attention this model cannot use; decoding eagerly")
-        # Eager CPU steps of Llama-family models skip transformers' forward around their modules
-        # (``direct_decode.py``): the same ops, a quarter less time at small batches.
-        self._direct: DirectDecode | None = None
-        if direct_decode and self._compiled is None and self._boolean_mask:
+        # Eager CPU steps and prefills of Llama-family models skip transformers' forward around their
+        # modules (``direct_forward.py``): the same ops, a quarter less time at small batches.
+        self._direct: DirectForward | None = None
+        if direct_forward and self._compiled is None and self._boolean_mask:
             kernels = cpu_kernels.kernels() if use_cpu_kernels and self._device.type == "cpu" else None
-            self._direct = DirectDecode.build(model, kernels)
+            self._direct = DirectForward.build(model, kernels)
         self._admissions = itertools.count()  # admission order: the newest row is preempted first
         self._generators: dict[str, torch.Generator | None] = {}  # preempted rows' generators, kept
         self._masks = TokenMasks()  # constrained rows' grammars (``request.grammar``), applied per step
@@ -321,12 +322,8 @@ class TransformersEngine:
     def _store_prefixes(self, prefixes: list[tuple[int, ...]]) -> None:
         for prefix in prefixes:
             cache = DynamicCache(config=self._model.config)
-            self._model(
-                input_ids=torch.tensor([prefix], device=self._device),
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+            positions = torch.arange(len(prefix), device=self._device).unsqueeze(0)
+            self._prefill_logits(torch.tensor([prefix], device=self._device), None, positions, cache, keep=1)
             mask = torch.ones((1, len(prefix)), dtype=torch.long, device=self._device)
             self._prefix_cache.store(prefix, PaddedKVCache(cache, mask).row_kv(0))
 
@@ -342,20 +339,14 @@ class TransformersEngine:
         input_ids, mask = torch.tensor(ids, device=self._device), torch.tensor(mask_rows, device=self._device)
         cache = stack_left_padded([s.prefill_cache for s in sequences], past, self._model.config)
         keep_all = any(sequence.wants_prompt_scores for sequence in sequences)
-        output = self._model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=(mask.cumsum(dim=1) - 1).clamp(min=0)[:, past:],
-            past_key_values=cache,
-            use_cache=True,
-            # Only the last position is sampled: skip the rest of the LM head unless prompt logprobs need it.
-            logits_to_keep=0 if keep_all else 1,
-        )
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
+        # Only the last position is sampled: skip the rest of the LM head unless prompt logprobs need it.
+        logits = self._prefill_logits(input_ids, mask, positions, cache, keep=0 if keep_all else 1)
         prompt_scores = [
-            s.score_prompt(output.logits[row, width - len(r) :], s.prefilled) if s.wants_prompt_scores else []
+            s.score_prompt(logits[row, width - len(r) :], s.prefilled) if s.wants_prompt_scores else []
             for row, (s, r) in enumerate(zip(sequences, rests, strict=True))
         ]
-        choices = sample_rows(sequences, output.logits[:, -1, :], self._masks, self._sampler)
+        choices = sample_rows(sequences, logits[:, -1, :], self._masks, self._sampler)
         for sequence, scores in zip(sequences, prompt_scores, strict=True):
             sequence.prompt_scores += scores
             sequence.prefilled, sequence.prefill_cache = len(sequence.request.prompt_token_ids), None
@@ -379,17 +370,39 @@ class TransformersEngine:
         if sequence.prefill_cache is None:
             sequence.prefill_cache = DynamicCache(config=self._model.config)
         tokens = sequence.request.prompt_token_ids[chunk.start : chunk.stop]
-        output = self._model(
-            input_ids=torch.tensor([tokens], device=self._device),
-            position_ids=torch.arange(chunk.start, chunk.stop, device=self._device).unsqueeze(0),
-            past_key_values=sequence.prefill_cache,
-            use_cache=True,
+        logits = self._prefill_logits(
+            torch.tensor([tokens], device=self._device),
+            None,
+            torch.arange(chunk.start, chunk.stop, device=self._device).unsqueeze(0),
+            sequence.prefill_cache,
             # Nothing is sampled here: keep one position's logits unless prompt logprobs need them all.
-            logits_to_keep=0 if sequence.wants_prompt_scores else 1,
+            keep=0 if sequence.wants_prompt_scores else 1,
         )
         sequence.prefilled = chunk.stop
         if sequence.wants_prompt_scores:
-            sequence.prompt_scores += sequence.score_prompt(output.logits[0], chunk.start)
+            sequence.prompt_scores += sequence.score_prompt(logits[0], chunk.start)
+
+    def _prefill_logits(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        positions: torch.Tensor,
+        cache: Cache,
+        keep: int,
+    ) -> torch.Tensor:
+        """A prefill forward's logits of the last ``keep`` positions (0: all), ``cache`` updated: through
+        the direct forward where the model has one (``direct_forward.py``), else the model's."""
+        if self._direct is not None:
+            return self._direct.prefill_logits(input_ids, attention_mask, positions, cache, keep)
+        output = self._model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=keep,
+        )
+        return output.logits  # type: ignore[no-any-return]
 
     def _store_prompts(self, sequences: list[Sequence], batch: PaddedKVCache) -> None:
         """Keep each freshly prefilled prompt's KV (its row's real columns) for later prompts."""

@@ -19,7 +19,7 @@ expression (at::vec's exp); a norm's sum of squares adds in the order torch's CP
 adds a row (``layers.cpp``), so a model's greedy text does not move when its norms run here:
 a first version with 16-lane sums differed in one ulp in a quarter of the rows, and a bf16
 SmolLM2's story parted from the stock model's after about 40 tokens. Both of a worker's
-paths, the model's forward and the direct decode step (``direct_decode.py``), run the same
+paths, the model's forward and the direct forward (``direct_forward.py``), run the same
 swapped modules.
 """
 

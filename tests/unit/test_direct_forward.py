@@ -1,4 +1,5 @@
-"""The direct decode step: Llama-family models decode over their own modules, with their forward's logits."""
+"""The direct forward: Llama-family models decode and prefill over their own modules, with their
+forward's logits and cache, bit for bit."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from unittest import mock
 import pytest
 import torch
 from transformers import (
+    DynamicCache,
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
@@ -23,8 +25,9 @@ from transformers import (
 from shared.settings import WorkerSettings
 from tests.engines import VOCAB, batched_engine, request, run_to_end, scripted_llama, tiny_llama
 from worker.engine.decode_attention import use_decode_attention
-from worker.engine.direct_decode import DirectDecode, _unserved_because
+from worker.engine.direct_forward import DirectForward, _unserved_because
 from worker.engine.hf import TransformersEngine
+from worker.engine.kv_cache import prefill_layout
 from worker.model.backend import prepare_model
 
 PROMPTS = {"a": [5, 6, 7], "b": [9, 10, 11, 12, 13, 14, 15, 16, 17], "c": [20], "d": [30, 31, 32, 33, 34]}
@@ -98,24 +101,82 @@ def test_the_direct_step_gives_the_model_forwards_logits_bit_for_bit(family: str
     assert saved is not None
 
 
+def _prefill_both_ways(
+    engine: TransformersEngine,
+    ids: torch.Tensor,
+    mask: torch.Tensor | None,
+    positions: torch.Tensor,
+    keep: int,
+    caches: tuple[DynamicCache, DynamicCache],
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same prefill through the direct forward (into ``caches[0]``) and the model's (``caches[1]``)."""
+    assert engine._direct is not None
+    with torch.inference_mode():
+        direct = engine._direct.prefill_logits(ids, mask, positions, caches[0], keep)
+        forward = engine._model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=caches[1],
+            use_cache=True,
+            logits_to_keep=keep,
+        ).logits
+    return direct, forward
+
+
+def _same_cache(one: DynamicCache, other: DynamicCache) -> bool:
+    return all(
+        torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        for a, b in zip(one.layers, other.layers, strict=True)
+    )
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+# The last position's logits (to sample), every position's (prompt logprobs).
+@pytest.mark.parametrize("keep", [1, 0])
+def test_a_direct_prefill_gives_the_model_forwards_logits_and_cache_bit_for_bit(
+    family: str, dtype: torch.dtype, keep: int
+) -> None:
+    model = _as_served(FAMILIES[family](), dtype)
+    engine = batched_engine(model)
+    config = model.config
+    # Two prompts padded into one forward, as the engine prefills prompts together.
+    ids, mask = (torch.tensor(rows) for rows in prefill_layout([0, 0], [tuple(range(5, 75)), (9, 10, 11)]))
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    caches = DynamicCache(config=config), DynamicCache(config=config)
+    direct, forward = _prefill_both_ways(engine, ids, mask, positions, keep, caches)
+    assert direct.shape == forward.shape and torch.equal(direct, forward)
+    assert _same_cache(*caches)
+    # A long prompt's next chunk, over the first chunk's cache (no padding: no mask).
+    caches = DynamicCache(config=config), DynamicCache(config=config)
+    for start, stop in [(0, 40), (40, 67)]:
+        chunk = torch.arange(start + 3, stop + 3).unsqueeze(0)
+        positions = torch.arange(start, stop).unsqueeze(0)
+        direct, forward = _prefill_both_ways(engine, chunk, None, positions, keep, caches)
+        assert torch.equal(direct, forward)
+    assert _same_cache(*caches)
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_greedy_tokens_are_the_same_with_and_without_the_direct_step(family: str) -> None:
     model = _as_served(FAMILIES[family](), torch.bfloat16)
     requests = [request(rid, prompt, max_new_tokens=24) for rid, prompt in PROMPTS.items()]
     direct = batched_engine(model)
-    forward = TransformersEngine(model, direct._scheduler.limits, direct_decode=False)
+    forward = TransformersEngine(model, direct._scheduler.limits, direct_forward=False)
     assert direct._direct is not None and forward._direct is None
     assert run_to_end(direct, requests) == run_to_end(forward, requests)
 
 
-def test_decode_steps_do_not_call_the_models_forward() -> None:
+def test_decode_steps_and_prefills_do_not_call_the_models_forward() -> None:
     model = tiny_llama()
-    engine = _decoding(batched_engine(model), steps=2)  # prefilled: every row decodes from here
+    engine = batched_engine(model)
     with mock.patch.object(
         LlamaForCausalLM, "forward", autospec=True, side_effect=LlamaForCausalLM.forward
     ) as spy:
+        first = _decoding(engine, steps=1)  # every prompt prefills in this step
         updates = engine.step()
-    assert len(updates) == len(PROMPTS) and spy.call_count == 0
+    assert first._rows and len(updates) == len(PROMPTS) and spy.call_count == 0
 
 
 @pytest.mark.parametrize(
@@ -129,7 +190,7 @@ def test_decode_steps_do_not_call_the_models_forward() -> None:
 def test_models_it_does_not_implement_keep_their_forward_with_a_log_line(
     make: Callable[[], PreTrainedModel], reason: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with caplog.at_level(logging.INFO, logger="worker.engine.direct_decode"):
+    with caplog.at_level(logging.INFO, logger="worker.engine.direct_forward"):
         engine = batched_engine(make())
     assert engine._direct is None
     assert reason in caplog.text
@@ -141,7 +202,7 @@ def test_sliding_window_attention_is_left_to_the_models_forward() -> None:
     model = MistralForCausalLM(MistralConfig(**_SHAPE, sliding_window=64)).eval()
     assert use_decode_attention(model)
     assert _unserved_because(model) == "sliding-window attention"
-    assert DirectDecode.build(model) is None
+    assert DirectForward.build(model) is None
 
 
 def test_a_model_on_the_matmul_attention_decodes_directly_with_the_same_tokens() -> None:
@@ -150,7 +211,8 @@ def test_a_model_on_the_matmul_attention_decodes_directly_with_the_same_tokens()
     matmuls = batched_engine(model, use_cpu_kernels=False)
     assert matmuls._direct is not None
     produced = run_to_end(matmuls, requests)
-    forward = TransformersEngine(model, matmuls._scheduler.limits, use_cpu_kernels=False, direct_decode=False)
+    limits = matmuls._scheduler.limits
+    forward = TransformersEngine(model, limits, use_cpu_kernels=False, direct_forward=False)
     assert produced == run_to_end(forward, requests)
 
 
