@@ -110,6 +110,17 @@ def test_joining_rows_keeps_their_real_columns_only() -> None:
         _assert_rows_equal(slots, row, padded, row)
 
 
+def test_joining_unpadded_rows_after_others_keeps_every_row() -> None:
+    # Rows without padding (a prompt prefilled alone, or prompts of one length) join by plain copies.
+    padded, unpadded = _padded([[0, 1, 1], [1, 1, 1]]), _padded([[1, 1, 1, 1], [1, 1, 1, 1]])
+    slots = SlotKVCache(num_layers=2, max_rows=8)
+    slots.join(padded)
+    slots.join(unpadded)
+    assert slots.lengths == [2, 3, 4, 4]
+    for row, (batch, batch_row) in enumerate([(padded, 0), (padded, 1), (unpadded, 0), (unpadded, 1)]):
+        _assert_rows_equal(slots, row, batch, batch_row)
+
+
 def test_rows_survive_growth_and_leaving_rows() -> None:
     first, second = _padded([[1, 1, 1], [0, 1, 1]]), _padded([[1, 1, 1, 1]])
     slots = SlotKVCache(num_layers=2, max_rows=8)
