@@ -81,9 +81,9 @@ def test_a_wide_bf16_input_multiplies_the_bf16_operands_in_fp32_and_rounds_once(
 
 
 def _scripted(monkeypatch: pytest.MonkeyPatch, seconds: list[float]) -> None:
-    """``_median_seconds`` answers these in turn: (packed, fp32) for each row count tried."""
+    """``median_seconds`` answers these in turn: (packed, fp32) for each row count tried."""
     answers = iter(seconds)
-    monkeypatch.setattr(onednn_linear, "_median_seconds", lambda run: next(answers))
+    monkeypatch.setattr(onednn_linear, "median_seconds", lambda run: next(answers))
 
 
 @pytest.mark.parametrize(

@@ -35,20 +35,19 @@ Results can differ from MKL's in the last bits (another summation order).
 from __future__ import annotations
 
 import logging
-import time
 from collections import Counter
-from collections.abc import Callable
 from functools import partial
 
 import torch
 from torch import nn
+
+from worker.engine.cpu_kernels.choices import median_seconds
 
 logger = logging.getLogger(__name__)
 
 # The row counts tried for the fp32 route of bf16 products, and how much faster it must measure.
 WIDE_ROWS_TRIED = (128, 256, 512)
 WIDE_MARGIN = 1.1
-_REPEATS = 5
 
 
 class PackedLinear(nn.Module):
@@ -125,8 +124,8 @@ def wide_rows(layer: PackedLinear) -> int | None:
     with torch.inference_mode():
         for rows in WIDE_ROWS_TRIED:
             hidden = torch.randn(rows, layer.in_features, generator=generator).to(torch.bfloat16)
-            packed = _median_seconds(partial(layer.forward_packed, hidden))
-            in_fp32 = _median_seconds(partial(layer.forward_in_fp32, hidden))
+            packed = median_seconds(partial(layer.forward_packed, hidden))
+            in_fp32 = median_seconds(partial(layer.forward_in_fp32, hidden))
             logger.debug("bf16 product, %d rows: packed %.5f s, fp32 %.5f s", rows, packed, in_fp32)
             faster.append(rows if in_fp32 * WIDE_MARGIN < packed else 0)
     chosen = next((rows for index, rows in enumerate(faster) if rows and all(faster[index:])), None)
@@ -142,13 +141,3 @@ def _most_common_shape(layers: list[PackedLinear]) -> PackedLinear:
     shapes = Counter((layer.in_features, layer.out_features) for layer in layers)
     shape = max(shapes, key=lambda pair: (shapes[pair], pair[0] * pair[1]))
     return next(layer for layer in layers if (layer.in_features, layer.out_features) == shape)
-
-
-def _median_seconds(run: Callable[[], object]) -> float:
-    run()  # first touch of the buffers, outside the timing
-    times = []
-    for _ in range(_REPEATS):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return sorted(times)[_REPEATS // 2]

@@ -48,8 +48,8 @@ def _measure_bf16_dots(kernels: CpuKernels) -> bool:
     query = torch.randn(1, 9, 256, 64, generator=generator).to(torch.bfloat16)
     key, value = (torch.randn(1, 3, 512, 64, generator=generator).to(torch.bfloat16) for _ in range(2))
     with torch.inference_mode():
-        dots = _median_seconds(lambda: kernels.prefill_attention(query, key, value, None, 0.125, True))
-        fp32 = _median_seconds(lambda: kernels.prefill_attention(query, key, value, None, 0.125, False))
+        dots = median_seconds(lambda: kernels.prefill_attention(query, key, value, None, 0.125, True))
+        fp32 = median_seconds(lambda: kernels.prefill_attention(query, key, value, None, 0.125, False))
     chosen = fp32 * MARGIN >= dots
     logger.info(
         "bf16 prefill attention in %s (measured: bf16 dot products %.2f ms, fp32 FMAs %.2f ms)",
@@ -60,7 +60,8 @@ def _measure_bf16_dots(kernels: CpuKernels) -> bool:
     return chosen
 
 
-def _median_seconds(run: Callable[[], object]) -> float:
+def median_seconds(run: Callable[[], object]) -> float:
+    """``run``'s median time of ``_REPEATS`` calls, after one untimed call (also ``onednn_linear``'s)."""
     run()  # first touch of the buffers, outside the timing
     times = []
     for _ in range(_REPEATS):
