@@ -125,7 +125,7 @@ def test_what_the_kernels_do_not_implement_stays_as_it_is() -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("rows", "seq"), [(1, 1), (9, 1), (2, 37)])
-@pytest.mark.parametrize("head_dim", [8, 64, 128])
+@pytest.mark.parametrize("head_dim", [8, 48, 64, 128])
 def test_the_rotation_is_transformers_apply_rotary_pos_emb_bit_for_bit(
     dtype: torch.dtype, rows: int, seq: int, head_dim: int
 ) -> None:

@@ -272,34 +272,65 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
 
 namespace {
 
+// ``fVec::size()`` values of ``src`` as fp32 lanes.
+template <typename T>
+inline fVec load_wide(const T* src) {
+  if constexpr (std::is_same_v<T, float>) {
+    return fVec::loadu(src);
+  } else {
+    fVec lanes;
+    at::vec::load_to_float<T>(src, lanes);
+    return lanes;
+  }
+}
+
+// ``value`` rounded to T and widened back: what a torch op of dtype T hands the next one.
+template <typename T>
+inline fVec rounded(const fVec& value) {
+  if constexpr (std::is_same_v<T, float>) {
+    return value;
+  } else {
+    return std::get<0>(at::vec::convert_to_float<T>(at::vec::convert_from_float<T>(value, value)));
+  }
+}
+
+template <typename T>
+inline void store_narrow(const fVec& value, T* dest) {
+  if constexpr (std::is_same_v<T, float>) {
+    value.store(dest);
+  } else {
+    at::vec::convert_from_float<T>(value, value).store(dest, fVec::size());
+  }
+}
+
 // One head's vector of ``dim`` values rotated as transformers' ``apply_rotary_pos_emb``:
 // ``x * cos + rotate_half(x) * sin``, each product and the sum rounded to T as torch's three ops
-// round them. ``scratch`` is fp32 room for 5 * dim values.
+// round them (``-x2 * s`` is ``(-x2) * s`` exactly). A lane per value: the scalar loop over
+// widened copies it replaced took 1.18 ms for a 1,500-token fp32 layer, six times a copy of it.
 template <typename T>
-void rotate_vector(const T* x, const T* cos, const T* sin, int64_t dim, T* out, float* scratch, T* narrow_room) {
+void rotate_vector(const T* x, const T* cos, const T* sin, int64_t dim, T* out) {
   const int64_t half = dim / 2;
-  float* xs = scratch;
-  float* cs = scratch + dim;
-  float* ss = scratch + 2 * dim;
-  float* direct = scratch + 3 * dim;
-  float* rotated = scratch + 4 * dim;
-  widen(x, xs, dim);
-  widen(cos, cs, dim);
-  widen(sin, ss, dim);
-  for (int64_t i = 0; i < half; ++i) {
-    direct[i] = xs[i] * cs[i];
-    direct[i + half] = xs[i + half] * cs[i + half];
-    rotated[i] = -xs[i + half] * ss[i];
-    rotated[i + half] = xs[i] * ss[i + half];
+  int64_t i = 0;
+  if constexpr (std::is_same_v<T, float> || at::vec::is_reduced_floating_point_v<T>) {  // not double
+    for (; i + fVec::size() <= half; i += fVec::size()) {
+      const fVec first = load_wide(x + i), second = load_wide(x + half + i);
+      const fVec direct_first = rounded<T>(first * load_wide(cos + i));
+      const fVec direct_second = rounded<T>(second * load_wide(cos + half + i));
+      const fVec rotated_first = rounded<T>(second.neg() * load_wide(sin + i));
+      const fVec rotated_second = rounded<T>(first * load_wide(sin + half + i));
+      store_narrow(direct_first + rotated_first, out + i);
+      store_narrow(direct_second + rotated_second, out + half + i);
+    }
   }
-  if constexpr (!std::is_same_v<T, float>) {  // each product rounded to T before the sum
-    narrow(direct, narrow_room, dim);
-    widen(narrow_room, direct, dim);
-    narrow(rotated, narrow_room, dim);
-    widen(narrow_room, rotated, dim);
+  for (; i < half; ++i) {  // what the lanes leave: half a head dim past a multiple of 16, or double
+    const float first = to_float(x[i]), second = to_float(x[i + half]);
+    const float direct_first = to_float(round_to<T>(first * to_float(cos[i])));
+    const float direct_second = to_float(round_to<T>(second * to_float(cos[i + half])));
+    const float rotated_first = to_float(round_to<T>(-second * to_float(sin[i])));
+    const float rotated_second = to_float(round_to<T>(first * to_float(sin[i + half])));
+    out[i] = round_to<T>(direct_first + rotated_first);
+    out[i + half] = round_to<T>(direct_second + rotated_second);
   }
-  for (int64_t i = 0; i < dim; ++i) direct[i] += rotated[i];
-  narrow(direct, out, dim);
 }
 
 // ``x`` ``[batch, heads, seq, dim]`` (last dim contiguous) rotated by ``cos``/``sin``
@@ -314,13 +345,11 @@ at::Tensor rotate_heads(const at::Tensor& x, const at::Tensor& cos, const at::Te
     scalar_t* op = out.data_ptr<scalar_t>();
     const int64_t grain = std::max<int64_t>(1, 4096 / dim);
     at::parallel_for(0, batch * heads * seq, grain, [&](int64_t begin, int64_t end) {
-      std::vector<float> scratch(5 * dim);
-      std::vector<scalar_t> narrow_room(dim);
       for (int64_t task = begin; task < end; ++task) {
         const int64_t b = task / (heads * seq), h = (task / seq) % heads, s = task % seq;
         rotate_vector<scalar_t>(
             xp + b * x.stride(0) + h * x.stride(1) + s * x.stride(2), cp + b * cos.stride(0) + s * cos.stride(1),
-            sp + b * sin.stride(0) + s * sin.stride(1), dim, op + task * dim, scratch.data(), narrow_room.data());
+            sp + b * sin.stride(0) + s * sin.stride(1), dim, op + task * dim);
       }
     });
   });
