@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
 
+from worker.engine.kv_cache import PaddedKVCache
 from worker.engine.prefix_cache import KVLayers, PrefixCache, shared_prefixes
 
 LAYERS = 2
@@ -131,3 +133,26 @@ def test_shared_prefixes_are_found_per_group_of_prompts_starting_alike() -> None
     assert shared_prefixes(prompts[:2], min_match=8, longest=10) == [tuple(SYSTEM[:10])]
     assert shared_prefixes([SYSTEM, [*SYSTEM, 4]], min_match=8, longest=100) == [tuple(SYSTEM[:-1])]
     assert shared_prefixes(prompts[:1] + prompts[5:], min_match=8, longest=100) == []
+
+
+def _padded_batch(rows: list[list[int]]) -> PaddedKVCache:
+    """A left-padded prefill cache of ``rows`` (token ids as in ``kv_of``), as a padded forward fills it."""
+    width = max(len(row) for row in rows)
+    cache = DynamicCache()
+    for layer in range(LAYERS):
+        padded = [kv_of([0] * (width - len(row)) + row)[layer] for row in rows]
+        cache.update(torch.stack([k for k, _ in padded]), torch.stack([v for _, v in padded]), layer)
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])
+    return PaddedKVCache(cache, mask)
+
+
+def test_a_lone_unpadded_prompt_is_stored_without_a_copy_and_padded_rows_by_their_real_columns() -> None:
+    lone = _padded_batch([[*SYSTEM, 1, 2]])
+    handed = lone.row_kv(0)
+    assert handed[1][0].data_ptr() == lone.layer_tensors()[1][0].data_ptr()  # the forward's own tensors
+    assert all(torch.equal(k, w) and torch.equal(v, x) for (k, v), (w, x) in zip(handed, kv_of([*SYSTEM, 1, 2])))
+    batch = _padded_batch([[*SYSTEM, 1, 2, 3], [*SYSTEM, 7]])
+    for row, prompt in enumerate([[*SYSTEM, 1, 2, 3], [*SYSTEM, 7]]):
+        kept = batch.row_kv(row)
+        assert kept[0][0].data_ptr() != batch.layer_tensors()[0][0].data_ptr()
+        assert all(torch.equal(k, w) and torch.equal(v, x) for (k, v), (w, x) in zip(kept, kv_of(prompt)))

@@ -44,7 +44,15 @@ class PaddedKVCache:
         return [_tensors(layer) for layer in self._layers()]
 
     def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Row ``row``'s KV at its real (mask 1) columns, in order; per layer ``[heads, tokens, dim]``."""
+        """Row ``row``'s KV at its real (mask 1) columns, in order; per layer ``[heads, tokens, dim]``.
+
+        A lone row without padding hands over its own tensors, not copies: nothing writes them
+        after its forward, and copying a 1,500-token prompt's KV for the prefix cache took 25 ms
+        of its 1.7 s fp32 prefill (torch.profiler, 2-core Xeon). Other rows are gathered apart, so
+        the prefix cache never keeps a whole batch's tensors alive for one row.
+        """
+        if self.batch_size == 1 and bool(self.attention_mask.all()):
+            return [(keys[0], values[0]) for keys, values in map(_tensors, self._layers())]
         columns = self.attention_mask[row].nonzero().squeeze(1)
         return [
             (keys[row].index_select(1, columns), values[row].index_select(1, columns))

@@ -41,20 +41,30 @@ inline void store_floats(T* dest, const float* src, int64_t count) {
 }
 
 #ifdef CPU_CAPABILITY_AVX512
-// The 16 lane-sums of 16 vectors as one vector: four transposing add levels instead of 16
-// horizontal reductions (a third of the score pass's instructions at head_dim 64).
-inline __m512 sum16(const __m512* v) {
+// Lane k of the result: ``v[k]``'s 16 lanes combined by ``combine`` (an add or a max), in four
+// transposing levels instead of 16 horizontal reductions (a third of the score pass's
+// instructions at head_dim 64).
+template <typename Combine>
+inline __m512 across16(const __m512* v, Combine combine) {
   __m512 t[8];
   for (int i = 0; i < 8; ++i) {
-    t[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    t[i] = combine(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]), _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
   }
   __m512 u[4];
   for (int i = 0; i < 4; ++i) {
-    u[i] = _mm512_add_ps(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44), _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xEE));
+    u[i] = combine(_mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0x44), _mm512_shuffle_ps(t[2 * i], t[2 * i + 1], 0xEE));
   }
-  const __m512 w0 = _mm512_add_ps(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
-  const __m512 w1 = _mm512_add_ps(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
-  return _mm512_add_ps(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
+  const __m512 w0 = combine(_mm512_shuffle_f32x4(u[0], u[1], 0x88), _mm512_shuffle_f32x4(u[0], u[1], 0xDD));
+  const __m512 w1 = combine(_mm512_shuffle_f32x4(u[2], u[3], 0x88), _mm512_shuffle_f32x4(u[2], u[3], 0xDD));
+  return combine(_mm512_shuffle_f32x4(w0, w1, 0x88), _mm512_shuffle_f32x4(w0, w1, 0xDD));
+}
+
+inline __m512 sum16(const __m512* v) {
+  return across16(v, [](__m512 a, __m512 b) { return _mm512_add_ps(a, b); });
+}
+
+inline __m512 max16(const __m512* v) {
+  return across16(v, [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); });
 }
 
 // The weighted values of ``G`` grouped query heads, column by column: each value vector is
@@ -523,8 +533,11 @@ void prefill_task(
   float* values = keys_t + D * kKeyBlock;        // [kKeyBlock][D], the value block in pairs (dots)
   std::fill(qf, qf + padded_rows * D, 0.0f);
   std::fill(acc, acc + padded_rows * D, 0.0f);
-  std::vector<float> maxima(static_cast<size_t>(rows), -std::numeric_limits<float>::infinity());
-  std::vector<float> totals(static_cast<size_t>(rows), 0.0f);
+  // Per row, in lanes of 16 (``rows`` rounded up): the running maximum and total of its weights.
+  alignas(64) float maxima[kQueryBlock * kMaxGroups];
+  alignas(64) float totals[kQueryBlock * kMaxGroups];
+  std::fill(maxima, maxima + kQueryBlock * kMaxGroups, -std::numeric_limits<float>::infinity());
+  std::fill(totals, totals + kQueryBlock * kMaxGroups, 0.0f);
   std::vector<int64_t> lo(static_cast<size_t>(queries)), hi(static_cast<size_t>(queries));
   int64_t first = shape.k_len, last = 0;
   for (int64_t i = 0; i < queries; ++i) {
@@ -619,44 +632,56 @@ void prefill_task(
       for (int r = 0; r < kScoreRows; ++r)
         for (int c = 0; c < 4; ++c) _mm512_store_ps(scores + (r0 + r) * kKeyBlock + 16 * c, tile[r][c]);
     }
-    // Masks and the online softmax, row by row; each row's running output is rescaled below.
+    // Masks and the online softmax, 16 rows at a time: each row's maximum and sum come out of
+    // transposing reductions (``across16``) into one lane each, and the rows' maxima, rescales
+    // and totals are updated as vectors. Row by row, with two horizontal reductions and a scalar
+    // exp per row, this was a fifth of the kernel. Each row's running output is rescaled below.
     alignas(64) float rescale[kQueryBlock * kMaxGroups];
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = r / groups;
-      float* s = scores + r * kKeyBlock;
-      const bool* mrow = mask == nullptr ? nullptr : mask + (q0 + i) * m_q;
-      __m512 top = minus_inf;
-      for (int c = 0; c < 4; ++c) {
-        const int64_t base = j0 + 16 * c;
-        const __mmask16 keep = lanes_between(std::max(lo[i], base) - base, std::min({hi[i], j0 + n, base + 16}) - base) &
-            (mrow == nullptr ? __mmask16(0xFFFF) : mask_lanes(mrow, base, shape.k_len, m_k));
-        const __m512 sc = _mm512_mask_blend_ps(keep, minus_inf, _mm512_load_ps(s + 16 * c));
-        _mm512_store_ps(s + 16 * c, sc);
-        top = _mm512_max_ps(top, sc);
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+      const int64_t count = std::min<int64_t>(16, rows - r0);
+      __m512 lanes[16];
+      for (int64_t k = 0; k < 16; ++k) {
+        lanes[k] = minus_inf;
+        if (k >= count) continue;
+        const int64_t r = r0 + k, i = r / groups;
+        float* s = scores + r * kKeyBlock;
+        const bool* mrow = mask == nullptr ? nullptr : mask + (q0 + i) * m_q;
+        for (int c = 0; c < 4; ++c) {
+          const int64_t base = j0 + 16 * c;
+          const __mmask16 keep = lanes_between(std::max(lo[i], base) - base, std::min({hi[i], j0 + n, base + 16}) - base) &
+              (mrow == nullptr ? __mmask16(0xFFFF) : mask_lanes(mrow, base, shape.k_len, m_k));
+          const __m512 sc = _mm512_mask_blend_ps(keep, minus_inf, _mm512_load_ps(s + 16 * c));
+          _mm512_store_ps(s + 16 * c, sc);
+          lanes[k] = _mm512_max_ps(lanes[k], sc);
+        }
       }
-      const float block_max = _mm512_reduce_max_ps(top);
-      const float new_max = std::max(maxima[r], block_max);
-      if (new_max == -std::numeric_limits<float>::infinity()) {  // nothing attended yet
-        for (int c = 0; c < 4; ++c) _mm512_store_ps(s + 16 * c, _mm512_setzero_ps());
-        if constexpr (dots) std::fill(p16.begin() + r * (kKeyBlock / 2), p16.begin() + (r + 1) * (kKeyBlock / 2), 0u);
-        rescale[r] = 1.0f;
-        continue;
+      const __m512 before = _mm512_load_ps(maxima + r0);
+      const __m512 after = _mm512_max_ps(before, max16(lanes));
+      // Rows with nothing attended yet shift by 0 (their scores, all -inf, give 0); rows without
+      // an earlier maximum rescale by 0 (their output and total are still 0).
+      const __mmask16 attended = _mm512_cmp_ps_mask(after, minus_inf, _CMP_NEQ_OQ);
+      const __mmask16 earlier = _mm512_cmp_ps_mask(before, minus_inf, _CMP_NEQ_OQ);
+      alignas(64) float shifts[16];
+      _mm512_store_ps(shifts, _mm512_maskz_mov_ps(attended, after));
+      const __m512 alpha = _mm512_maskz_mov_ps(earlier, __m512(fVec(_mm512_sub_ps(before, after)).exp()));
+      for (int64_t k = 0; k < 16; ++k) {
+        lanes[k] = _mm512_setzero_ps();
+        if (k >= count) continue;
+        float* s = scores + (r0 + k) * kKeyBlock;
+        const __m512 shift = _mm512_set1_ps(shifts[k]);
+        for (int c = 0; c < 4; ++c) {
+          const __m512 e = __m512(fVec(_mm512_sub_ps(_mm512_load_ps(s + 16 * c), shift)).exp_u20());
+          _mm512_store_ps(s + 16 * c, e);
+          lanes[k] = _mm512_add_ps(lanes[k], e);
+        }
+        if constexpr (dots) {
+          uint16_t* pr = reinterpret_cast<uint16_t*>(p16.data() + (r0 + k) * (kKeyBlock / 2));
+          for (int c = 0; c < kKeyBlock; ++c) pr[c] = c10::bit_cast<uint16_t>(at::BFloat16(s[c]));
+        }
       }
-      const __m512 shift = _mm512_set1_ps(new_max);
-      __m512 sum = _mm512_setzero_ps();
-      for (int c = 0; c < 4; ++c) {
-        const __m512 e = __m512(fVec(_mm512_sub_ps(_mm512_load_ps(s + 16 * c), shift)).exp_u20());
-        _mm512_store_ps(s + 16 * c, e);
-        sum = _mm512_add_ps(sum, e);
-      }
-      if constexpr (dots) {
-        uint16_t* pr = reinterpret_cast<uint16_t*>(p16.data() + r * (kKeyBlock / 2));
-        for (int c = 0; c < kKeyBlock; ++c) pr[c] = c10::bit_cast<uint16_t>(at::BFloat16(s[c]));
-      }
-      const float alpha = maxima[r] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(maxima[r] - new_max);
-      totals[r] = totals[r] * alpha + _mm512_reduce_add_ps(sum);
-      maxima[r] = new_max;
-      rescale[r] = alpha;
+      _mm512_store_ps(totals + r0, _mm512_add_ps(_mm512_mul_ps(_mm512_load_ps(totals + r0), alpha), sum16(lanes)));
+      _mm512_store_ps(maxima + r0, after);
+      _mm512_store_ps(rescale + r0, alpha);
     }
     // Weighted values: a kValueRows x D tile per step, each weight broadcast against a value row.
     for (int64_t r0 = 0; r0 < rows; r0 += kValueRows) {
