@@ -62,8 +62,11 @@ def test_a_request_joining_mid_flight_starts_within_one_step(model: LlamaForCaus
     for _ in range(5):
         engine.step()
     engine.add(request("late", PROMPTS["a"], max_new_tokens=3))
+    # Its prefill step returns its first token at once; the running row decodes in the next step,
+    # with it (prefills and decodes alternate: the row waits one prefill between two tokens).
     first_step = {update.request_id for update in engine.step()}
-    assert first_step == {"early", "late"}
+    assert first_step == {"late"}
+    assert {update.request_id for update in engine.step()} == {"early", "late"}
 
 
 def _batch_line(request_id: str, prompt: list[int], max_new_tokens: int) -> EngineRequest:
@@ -103,7 +106,11 @@ def test_an_interactive_prompt_beside_interactive_rows_does_not_pause_them(model
     for _ in range(3):
         engine.step()
     engine.add(request("late", PROMPTS["a"], max_new_tokens=3))
+    assert {update.request_id for update in engine.step()} == {"late"}  # its prefill, alone
+    # Another prompt as urgent as the rows waits for their decode: one prefill between two tokens, never two.
+    engine.add(request("later", PROMPTS["c"], max_new_tokens=3))
     assert {update.request_id for update in engine.step()} == {"streaming", "line", "late"}
+    assert {update.request_id for update in engine.step()} == {"later"}
 
 
 def test_abort_frees_the_row_and_leaves_others_untouched(model: LlamaForCausalLM) -> None:
@@ -319,8 +326,9 @@ def test_a_prompt_reusing_a_finished_requests_prefix_joins_running_decodes_uncha
     }
     with_cache, without_cache, hit_tokens = with_and_without_prefix_cache(model, arrivals)
     assert tokens_of(with_cache) == tokens_of(without_cache)
-    joined = next(step for step in with_cache if any(u.request_id == "late" for u in step))
-    assert {u.request_id for u in joined} == {"running", "late"}  # it joined while "running" decoded
+    first = next(index for index, step in enumerate(with_cache) if any(u.request_id == "late" for u in step))
+    assert {u.request_id for u in with_cache[first]} == {"late"}  # its prefill step
+    assert {u.request_id for u in with_cache[first + 1]} == {"running", "late"}  # it joined "running"'s decodes
     assert hit_tokens == 30
 
 
