@@ -135,6 +135,20 @@ def test_rows_survive_growth_and_leaving_rows() -> None:
     _assert_rows_equal(slots, 1, first, 0)
 
 
+def test_a_leaving_rows_slot_takes_the_last_row_and_the_others_stay() -> None:
+    batches = [_padded([[1, 1, 1]]), _padded([[0, 1, 1, 1]]), _padded([[1, 1, 1, 1, 1]]), _padded([[1, 1]])]
+    slots = SlotKVCache(num_layers=2, max_rows=8)
+    for batch in batches:
+        slots.join(batch)
+    assert SlotKVCache.compacted([0, 2, 3]) == [0, 3, 2]  # row 1 leaves: row 3 fills its slot
+    assert SlotKVCache.compacted([1, 2]) == [2, 1]  # row 1 stays where it is
+    assert SlotKVCache.compacted([0, 1, 2]) == [0, 1, 2]
+    slots.keep(SlotKVCache.compacted([0, 2, 3]))
+    assert slots.lengths == [3, 2, 5]
+    for slot, batch in enumerate([batches[0], batches[3], batches[2]]):
+        _assert_rows_equal(slots, slot, batch, 0)
+
+
 def test_a_step_on_fixed_columns_and_bound_inputs_decodes_as_the_plain_step() -> None:
     # What a CUDA graph replays (``graphed_decode.py``): idle rows, the columns widened to a bucket,
     # the step's inputs copied into tensors of the graph's own and bound to the cache.

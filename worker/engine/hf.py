@@ -443,9 +443,10 @@ class TransformersEngine:
         self._rows.extend(sequences)
 
     def _drop_rows(self, request_ids: set[str]) -> None:
-        keep = [index for index, row in enumerate(self._rows) if row.request_id not in request_ids]
-        if len(keep) == len(self._rows):
+        kept = [index for index, row in enumerate(self._rows) if row.request_id not in request_ids]
+        if len(kept) == len(self._rows):
             return
+        keep = SlotKVCache.compacted(kept)  # the rows after a leaving one fill its slot, not all move down
         self._rows = [self._rows[index] for index in keep]
         if not keep and not isinstance(self._compiled, GraphedDecode):
             self._kv = None  # its storage goes back: an idle worker holds no cache

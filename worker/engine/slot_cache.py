@@ -191,12 +191,31 @@ class SlotKVCache(Cache):
                 self.values[index][start:end, :, :longest] = torch.gather(values, 2, gather)
         self.lengths += [int(count) for count in counts.tolist()]
 
+    @staticmethod
+    def compacted(kept: list[int]) -> list[int]:
+        """The order ``keep`` takes to hold the rows ``kept`` with the fewest moves: a kept row
+        stays in its slot when it is still among the first ``len(kept)``, and the last rows move
+        into the freed ones. Shifting every row after a leaving one down instead copied them all:
+        at 16 rows of ~1,700 fp32 columns, a gather of about 1.2 GB for each finished request."""
+        count = len(kept)
+        movers = iter(row for row in kept if row >= count)
+        staying = {row for row in kept if row < count}
+        return [slot if slot in staying else next(movers) for slot in range(count)]
+
     def keep(self, rows: list[int]) -> None:
         """Keep only ``rows`` (in that order), moved down to slots ``0..len(rows)``."""
         if rows == list(range(len(rows))):
             self.lengths = self.lengths[: len(rows)]
             return
-        if rows:
+        if all(row == slot or row >= len(rows) for slot, row in enumerate(rows)):
+            # Only rows from past the kept count move (``compacted``): each copies its own columns.
+            for slot, row in enumerate(rows):
+                if row != slot:
+                    width = self.lengths[row]
+                    for keys, values in zip(self.keys, self.values, strict=True):
+                        keys[slot, :, :width] = keys[row, :, :width]
+                        values[slot, :, :width] = values[row, :, :width]
+        elif rows:
             width = max(self.lengths[row] for row in rows)
             index = torch.tensor(rows, dtype=torch.long, device=self.keys[0].device)
             for keys, values in zip(self.keys, self.values, strict=True):
