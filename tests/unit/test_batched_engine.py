@@ -328,7 +328,7 @@ def test_a_prompt_reusing_a_finished_requests_prefix_joins_running_decodes_uncha
     assert tokens_of(with_cache) == tokens_of(without_cache)
     first = next(index for index, step in enumerate(with_cache) if any(u.request_id == "late" for u in step))
     assert {u.request_id for u in with_cache[first]} == {"late"}  # its prefill step
-    assert {u.request_id for u in with_cache[first + 1]} == {"running", "late"}  # it joined "running"'s decodes
+    assert {u.request_id for u in with_cache[first + 1]} == {"running", "late"}  # it joined the decodes
     assert hit_tokens == 30
 
 

@@ -150,9 +150,12 @@ def test_a_lone_unpadded_prompt_is_stored_without_a_copy_and_padded_rows_by_thei
     lone = _padded_batch([[*SYSTEM, 1, 2]])
     handed = lone.row_kv(0)
     assert handed[1][0].data_ptr() == lone.layer_tensors()[1][0].data_ptr()  # the forward's own tensors
-    assert all(torch.equal(k, w) and torch.equal(v, x) for (k, v), (w, x) in zip(handed, kv_of([*SYSTEM, 1, 2])))
+    expected = kv_of([*SYSTEM, 1, 2])
+    pairs = zip(handed, expected, strict=True)
+    assert all(torch.equal(k, w) and torch.equal(v, x) for (k, v), (w, x) in pairs)
     batch = _padded_batch([[*SYSTEM, 1, 2, 3], [*SYSTEM, 7]])
     for row, prompt in enumerate([[*SYSTEM, 1, 2, 3], [*SYSTEM, 7]]):
         kept = batch.row_kv(row)
         assert kept[0][0].data_ptr() != batch.layer_tensors()[0][0].data_ptr()
-        assert all(torch.equal(k, w) and torch.equal(v, x) for (k, v), (w, x) in zip(kept, kv_of(prompt)))
+        pairs = zip(kept, kv_of(prompt), strict=True)
+        assert all(torch.equal(k, w) and torch.equal(v, x) for (k, v), (w, x) in pairs)

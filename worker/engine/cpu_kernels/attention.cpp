@@ -635,7 +635,8 @@ void prefill_task(
     // Masks and the online softmax, 16 rows at a time: each row's maximum and sum come out of
     // transposing reductions (``across16``) into one lane each, and the rows' maxima, rescales
     // and totals are updated as vectors. Row by row, with two horizontal reductions and a scalar
-    // exp per row, this was a fifth of the kernel. Each row's running output is rescaled below.
+    // exp per row, the kernel took 1.07-1.11x as long (A/B, fp32 and bf16). Each row's running
+    // output is rescaled below.
     alignas(64) float rescale[kQueryBlock * kMaxGroups];
     for (int64_t r0 = 0; r0 < rows; r0 += 16) {
       const int64_t count = std::min<int64_t>(16, rows - r0);
