@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 _DIRECTORY = Path(__file__).parent
 _SOURCES = [_DIRECTORY / name for name in ("attention.cpp", "layers.cpp", "bindings.cpp")]
-_HEADERS = [_DIRECTORY / "kernels.h"]
+_HEADERS = [_DIRECTORY / name for name in ("kernels.h", "vectors.h")]
 # torch's extension loader keys its build directory by name: the source's hash in the name
 # (``_name``) keeps a stale build from ever being loaded against a changed source or another ISA.
 _ARCH_FLAGS = {

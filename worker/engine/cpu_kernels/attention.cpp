@@ -6,6 +6,7 @@
 // the weighted values stay in registers and one small fp32 buffer, in one pass over the keys
 // and one over the values.
 #include "kernels.h"
+#include "vectors.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -20,20 +21,11 @@
 
 namespace {
 
-using fVec = at::vec::Vectorized<float>;
+using tokenferry::fVec;
 constexpr int kMaxHeadDim = 256;
 constexpr int kMaxGroups = 16;
 
-template <typename T>
-inline fVec load_floats(const T* data) {
-  if constexpr (std::is_same_v<T, float>) {
-    return fVec::loadu(data);
-  } else {
-    fVec out;
-    at::vec::load_to_float<T>(data, out);
-    return out;
-  }
-}
+using tokenferry::load_floats;
 
 template <typename T>
 inline void store_floats(T* dest, const float* src, int64_t count) {

@@ -11,6 +11,7 @@
 // bit for bit (tested against transformers' modules). Built with -ffp-contract=off for that.
 
 #include "kernels.h"
+#include "vectors.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -23,7 +24,7 @@
 
 namespace {
 
-using fVec = at::vec::Vectorized<float>;
+using tokenferry::fVec;
 
 template <typename T>
 inline float to_float(T value) {
@@ -272,17 +273,7 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
 
 namespace {
 
-// ``fVec::size()`` values of ``src`` as fp32 lanes.
-template <typename T>
-inline fVec load_wide(const T* src) {
-  if constexpr (std::is_same_v<T, float>) {
-    return fVec::loadu(src);
-  } else {
-    fVec lanes;
-    at::vec::load_to_float<T>(src, lanes);
-    return lanes;
-  }
-}
+using tokenferry::load_floats;
 
 // ``value`` rounded to T and widened back: what a torch op of dtype T hands the next one.
 template <typename T>
@@ -313,11 +304,11 @@ void rotate_vector(const T* x, const T* cos, const T* sin, int64_t dim, T* out) 
   int64_t i = 0;
   if constexpr (std::is_same_v<T, float> || at::vec::is_reduced_floating_point_v<T>) {  // not double
     for (; i + fVec::size() <= half; i += fVec::size()) {
-      const fVec first = load_wide(x + i), second = load_wide(x + half + i);
-      const fVec direct_first = rounded<T>(first * load_wide(cos + i));
-      const fVec direct_second = rounded<T>(second * load_wide(cos + half + i));
-      const fVec rotated_first = rounded<T>(second.neg() * load_wide(sin + i));
-      const fVec rotated_second = rounded<T>(first * load_wide(sin + half + i));
+      const fVec first = load_floats(x + i), second = load_floats(x + half + i);
+      const fVec direct_first = rounded<T>(first * load_floats(cos + i));
+      const fVec direct_second = rounded<T>(second * load_floats(cos + half + i));
+      const fVec rotated_first = rounded<T>(second.neg() * load_floats(sin + i));
+      const fVec rotated_second = rounded<T>(first * load_floats(sin + half + i));
       store_narrow(direct_first + rotated_first, out + i);
       store_narrow(direct_second + rotated_second, out + half + i);
     }
