@@ -8,7 +8,10 @@
   tokenferry's queue), both run by the vLLM venv's interpreter from the repository root, so
   this checkout's code is what runs.
 
-Every system serves the model under one name (``SERVED_NAME``), at the dtype asked. A system
+Every system serves the model under one name (``SERVED_NAME``), at the dtype asked, with one
+context window (``MAX_MODEL_LEN``), so that ``vllm-engine`` runs vLLM's engine configured as
+vLLM's server row is (it took the model's own 8,192 before; vLLM sizes per-request buffers by
+it). A system
 that does not start raises ``SystemStartError`` carrying its log's tail: the run records it
 as an error row and goes on with the next.
 """
@@ -49,7 +52,8 @@ VLLM_ENV = {
     "DO_NOT_TRACK": "1",
     "HF_HUB_OFFLINE": "1",
 }
-VLLM_MAX_MODEL_LEN = 2048
+# Every system's context window: the long workload's longest prompt and output fit.
+MAX_MODEL_LEN = 2048
 
 
 class SystemStartError(RuntimeError):
@@ -81,13 +85,14 @@ def vllm_server_argv(python: str, model_dir: Path, port: int, dtype: str) -> lis
     return [
         python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
         "--served-model-name", SERVED_NAME, "--host", "127.0.0.1", "--port", str(port),
-        "--dtype", dtype, "--max-model-len", str(VLLM_MAX_MODEL_LEN),
+        "--dtype", dtype, "--max-model-len", str(MAX_MODEL_LEN),
     ]  # fmt: skip
 
 
 def tokenferry_worker_args(setup: SystemSetup, dtype: str, engine: str | None) -> list[str]:
-    """The worker's flags: model, name and dtype; the rest left at the defaults, plus the user's."""
+    """The worker's flags: model, name, dtype and context window; the rest left at the defaults, plus the user's."""
     argv = ["--model", str(setup.model_dir), "--served-model-name", SERVED_NAME, "--dtype", dtype]
+    argv += ["--max-model-len", str(MAX_MODEL_LEN)]
     if engine is not None:
         argv += ["--engine", engine]
     return [*argv, *setup.worker_args]

@@ -166,12 +166,13 @@ def test_the_loop_share_is_gaps_over_gaps_and_steps_between_two_reads() -> None:
     assert loop_time.share(None, after) == {} and loop_time.parse("other 1\n") is None
 
 
-def test_every_system_gets_the_same_model_name_and_dtype() -> None:
+def test_every_system_gets_the_same_model_name_dtype_and_context_window() -> None:
     setup = SystemSetup(Path("/models/smol"), ".venv-vllm/bin/python", ("--max-batch-size=64",))
     assert tokenferry_worker_args(setup, "bfloat16", "vllm") == [
         "--model", "/models/smol", "--served-model-name", "smollm2", "--dtype", "bfloat16",
-        "--engine", "vllm", "--max-batch-size=64",
+        "--max-model-len", "2048", "--engine", "vllm", "--max-batch-size=64",
     ]  # fmt: skip
     argv = vllm_server_argv("python", Path("/models/smol"), 8123, "bfloat16")
     assert argv[argv.index("--served-model-name") + 1] == "smollm2"
     assert argv[argv.index("--dtype") + 1] == "bfloat16"
+    assert argv[argv.index("--max-model-len") + 1] == "2048"
