@@ -90,7 +90,7 @@ def vllm_server_argv(python: str, model_dir: Path, port: int, dtype: str) -> lis
 
 
 def tokenferry_worker_args(setup: SystemSetup, dtype: str, engine: str | None) -> list[str]:
-    """The worker's flags: model, name, dtype and context window; the rest left at the defaults, plus the user's."""
+    """The worker's flags: model, name, dtype and context window; the rest the defaults, plus the user's."""
     argv = ["--model", str(setup.model_dir), "--served-model-name", SERVED_NAME, "--dtype", dtype]
     argv += ["--max-model-len", str(MAX_MODEL_LEN)]
     if engine is not None:
