@@ -11,9 +11,8 @@
 Every system serves the model under one name (``SERVED_NAME``), at the dtype asked, with one
 context window (``MAX_MODEL_LEN``), so that ``vllm-engine`` runs vLLM's engine configured as
 vLLM's server row is (it took the model's own 8,192 before; vLLM sizes per-request buffers by
-it). A system
-that does not start raises ``SystemStartError`` carrying its log's tail: the run records it
-as an error row and goes on with the next.
+it). A system that does not start raises ``SystemStartError`` carrying its log's tail: the
+run records it as an error row and goes on with the next.
 """
 
 from __future__ import annotations
