@@ -10,25 +10,25 @@ rows read the block from L1. It is not used by the engine: its panels would be a
 second copy of every weight beside oneDNN's (see the docs for what that needs).
 
 Each weight shape is measured with enough distinct weights (~400 MB) that none is in
-cache, as a decode step's 30 layers are not; median of 51 calls, one process.
+cache, as a decode step's 30 layers are not; timed as bench-peers times the machine's
+limits (``seconds_per_call``: the best of repeated means), in one process.
 Run: ``HF_HUB_OFFLINE=1 .venv/bin/python -m bench.few_rows`` (compiles ~1 min).
 """
 
 from __future__ import annotations
 
-import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from bench.peers.machine import seconds_per_call
+
 # SmolLM2-135M's (K, N): fused QKV, fused gate/up, down, the head.
 SHAPES = ((576, 960), (576, 3072), (1536, 576), (576, 49152))
 ROWS = (1, 8, 16)
 RESIDENT_BYTES = 400e6
-CALLS = 51
 
 KERNEL = r"""
 #include <torch/extension.h>
@@ -101,17 +101,6 @@ def _compiled() -> Any:
     )
 
 
-def _median_s(call: Callable[[], object]) -> float:
-    for _ in range(5):
-        call()
-    times = []
-    for _ in range(CALLS):
-        started = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def _cycling(calls: list[Callable[[], object]]) -> Callable[[], object]:
     """One call after another over distinct weights, so each reads its weight from memory."""
     state = {"next": 0}
@@ -137,7 +126,7 @@ def main() -> None:
             x = torch.randn(rows, k)
             got = kernel.few_rows(x, panels[0])
             torch.testing.assert_close(got, torch.nn.functional.linear(x, weights[0]), atol=1e-3, rtol=1e-4)
-            onednn = _median_s(
+            onednn = seconds_per_call(
                 _cycling(
                     [
                         lambda x=x, w=w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
@@ -145,7 +134,7 @@ def main() -> None:
                     ]
                 )
             )
-            few = _median_s(_cycling([lambda x=x, p=p: kernel.few_rows(x, p) for p in panels]))
+            few = seconds_per_call(_cycling([lambda x=x, p=p: kernel.few_rows(x, p) for p in panels]))
             print(f"| {k} x {n} | {rows} | {onednn * 1e6:.0f} | {few * 1e6:.0f} | {onednn / few:.2f} |")
 
 

@@ -56,7 +56,7 @@ class MachineLimits:
         return nearest.best_gflops
 
 
-def _seconds_per_call(call: Callable[[], object]) -> float:
+def seconds_per_call(call: Callable[[], object]) -> float:
     """The best over REPEATS of the mean time per call, each repeat running at least MIN_SECONDS.
 
     The best, not the median: a limit is what the machine can do, and on a shared machine
@@ -90,16 +90,16 @@ def measure_linear(dtype: str, rows: int) -> LinearLimit:
     weight = torch.randn(OUT_FEATURES, IN_FEATURES, generator=generator).to(kind)
     gflop = 2 * rows * IN_FEATURES * OUT_FEATURES / 1e9
     with torch.inference_mode():
-        plain = gflop / _seconds_per_call(lambda: F.linear(hidden, weight))
+        plain = gflop / seconds_per_call(lambda: F.linear(hidden, weight))
         packed_call = _packed_call(hidden, weight)
-        packed = gflop / _seconds_per_call(packed_call) if packed_call else None
+        packed = gflop / seconds_per_call(packed_call) if packed_call else None
     return LinearLimit(dtype, rows, round(plain, 1), None if packed is None else round(packed, 1))
 
 
 def measure_copy_gb_s() -> float:
     source = torch.ones(COPY_ELEMENTS, dtype=torch.float32)
     target = torch.empty_like(source)
-    seconds = _seconds_per_call(lambda: target.copy_(source))
+    seconds = seconds_per_call(lambda: target.copy_(source))
     return round(2 * source.nbytes / seconds / 1e9, 1)
 
 
