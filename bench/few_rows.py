@@ -17,13 +17,14 @@ Run: ``HF_HUB_OFFLINE=1 .venv/bin/python -m bench.few_rows`` (compiles ~1 min).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from bench.peers.machine import seconds_per_call
+from bench.peers.machine import packed_call, seconds_per_call
 
 # SmolLM2-135M's (K, N): fused QKV, fused gate/up, down, the head.
 SHAPES = ((576, 960), (576, 3072), (1536, 576), (576, 49152))
@@ -103,13 +104,8 @@ def _compiled() -> Any:
 
 def _cycling(calls: list[Callable[[], object]]) -> Callable[[], object]:
     """One call after another over distinct weights, so each reads its weight from memory."""
-    state = {"next": 0}
-
-    def call() -> object:
-        state["next"] = (state["next"] + 1) % len(calls)
-        return calls[state["next"]]()
-
-    return call
+    turns = itertools.cycle(calls)
+    return lambda: next(turns)()
 
 
 def main() -> None:
@@ -121,19 +117,14 @@ def main() -> None:
         copies = max(1, int(RESIDENT_BYTES // (k * n * 4)))
         weights = [torch.randn(n, k) for _ in range(copies)]
         panels = [weight.view(n // 16, 16, k).transpose(1, 2).contiguous() for weight in weights]
-        packed = [torch.ops.mkldnn._reorder_linear_weight(weight, None) for weight in weights]
         for rows in ROWS:
             x = torch.randn(rows, k)
             got = kernel.few_rows(x, panels[0])
             torch.testing.assert_close(got, torch.nn.functional.linear(x, weights[0]), atol=1e-3, rtol=1e-4)
-            onednn = seconds_per_call(
-                _cycling(
-                    [
-                        lambda x=x, w=w: torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
-                        for w in packed
-                    ]
-                )
-            )
+            onednn_calls = [packed_call(x, weight) for weight in weights]
+            if any(call is None for call in onednn_calls):
+                raise SystemExit("this torch build has no oneDNN packed products to compare with")
+            onednn = seconds_per_call(_cycling([call for call in onednn_calls if call is not None]))
             few = seconds_per_call(_cycling([lambda x=x, p=p: kernel.few_rows(x, p) for p in panels]))
             print(f"| {k} x {n} | {rows} | {onednn * 1e6:.0f} | {few * 1e6:.0f} | {onednn / few:.2f} |")
 

@@ -74,7 +74,7 @@ def seconds_per_call(call: Callable[[], object]) -> float:
     return min(means)
 
 
-def _packed_call(hidden: torch.Tensor, weight: torch.Tensor) -> Callable[[], object] | None:
+def packed_call(hidden: torch.Tensor, weight: torch.Tensor) -> Callable[[], object] | None:
     try:
         packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         torch.ops.mkldnn._linear_pointwise(hidden, packed, None, "none", [], "")
@@ -91,8 +91,8 @@ def measure_linear(dtype: str, rows: int) -> LinearLimit:
     gflop = 2 * rows * IN_FEATURES * OUT_FEATURES / 1e9
     with torch.inference_mode():
         plain = gflop / seconds_per_call(lambda: F.linear(hidden, weight))
-        packed_call = _packed_call(hidden, weight)
-        packed = gflop / seconds_per_call(packed_call) if packed_call else None
+        call = packed_call(hidden, weight)
+        packed = gflop / seconds_per_call(call) if call else None
     return LinearLimit(dtype, rows, round(plain, 1), None if packed is None else round(packed, 1))
 
 
