@@ -195,28 +195,42 @@ async def forget(
         await pipe.execute()
 
 
+# arq job ids in a model's queues that arq marks running while no run record claims them, found
+# in the server: a sweep of a long queue sends back only those, not every queued id.
+_UNCLAIMED = """
+local found = {}
+for _, queue in ipairs(KEYS) do
+  for _, job_id in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
+    if redis.call('EXISTS', ARGV[1] .. job_id) == 1 then
+      local request_id = string.match(job_id, '^(.-)' .. ARGV[3]) or job_id
+      if redis.call('EXISTS', ARGV[2] .. request_id) == 0 then found[#found + 1] = job_id end
+    end
+  end
+end
+return found
+"""
+
+
 async def unclaimed_in_progress(pool: QueuePool, model: str) -> list[str]:
     """arq job ids of ``model`` that arq marks running while no run record claims them.
 
     A worker claims a job (``shared/jobs/run_records.py``) as soon as it starts it, so one that
     stays like this was picked by a worker that died in between.
     """
-    async with pool.pipeline(transaction=False) as pipe:
-        for lane in keys.Lane:
-            pipe.zrange(keys.queue(model, lane), 0, -1)
-        queued = [job_id.decode() for ids in await pipe.execute() for job_id in ids]
-    if not queued:
-        return []
-    async with pool.pipeline(transaction=False) as pipe:
-        for job_id in queued:
-            pipe.exists(keys.ARQ_IN_PROGRESS_PREFIX + job_id)
-            pipe.exists(keys.run(keys.request_id_of_job(job_id)))
-        flags = await pipe.execute()
-    return [
-        job_id
-        for job_id, running, claimed in zip(queued, flags[::2], flags[1::2], strict=True)
-        if running and not claimed
-    ]
+    found: list[bytes] = await pool.eval(  # type: ignore[misc]
+        _UNCLAIMED,
+        len(keys.Lane),
+        *[keys.queue(model, lane) for lane in keys.Lane],
+        keys.ARQ_IN_PROGRESS_PREFIX,
+        keys.run(""),
+        _lua_literal(keys.ATTEMPT_SEPARATOR),
+    )
+    return [job_id.decode() for job_id in found]
+
+
+def _lua_literal(text: str) -> str:
+    """``text`` as a Lua pattern that matches it literally."""
+    return "".join(f"%{char}" if not char.isalnum() else char for char in text)
 
 
 async def release(pool: QueuePool, arq_job_id: str) -> None:

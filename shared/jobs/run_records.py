@@ -3,10 +3,10 @@
 arq's own in-progress marker lives ``job_timeout + 10 s`` and is never refreshed,
 so a SIGKILLed worker's job would wait minutes (or forever, with ``max_tries=1``).
 Instead every accepted job has a run record (``keys.run``) naming its owner as
-``"<worker_id>/<attempt>"``; the owner's liveness key (``keys.worker``, refreshed by
-its heartbeat) is the lease. When the lease lapses, any live worker of the model
-(``worker/queue/reaper.py``) moves the record to "queued" with the next attempt number
-and enqueues a resume job; the worker that picks it up claims the record and
+``"<worker_id>/<attempt>"``, beside the job and its deadline; the owner's liveness key
+(``keys.worker``, refreshed by its heartbeat) is the lease. When the lease lapses, any
+live worker of the model (``worker/queue/reaper.py``) moves the record to "queued" with
+the next attempt number and enqueues a resume job; the worker that picks it up claims the record and
 continues the stream from the events already in it (``worker/driver/resume.py``).
 
 Every transition is one Lua script, so two reapers, a late owner and a
@@ -64,7 +64,7 @@ local attempt = tonumber(ARGV[2])
 local current = redis.call('HGET', KEYS[1], 'attempt')
 if attempt == 0 then
   if current then return 'stale' end
-  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'attempt', 0, 'job', ARGV[3])
+  redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'attempt', 0, 'job', ARGV[3], 'deadline', ARGV[6])
   redis.call('EXPIRE', KEYS[1], ARGV[4])
   redis.call('SADD', KEYS[2], ARGV[5])
   return 'ok'
@@ -131,6 +131,7 @@ async def begin(redis: Redis, job: GenerationJob, worker_id: str) -> Claim:
         job.model_dump_json(),
         str(keys.RUN_TTL_S),
         job.request_id,
+        repr(job.deadline_at or 0.0),
     )
     return Claim(_text(result))
 
@@ -174,27 +175,49 @@ async def orphan(redis: Redis, record: RunRecord, now: float | None = None) -> O
     return Orphaning(_text(result))
 
 
-async def running_records(redis: Redis, model: str) -> list[RunRecord]:
-    """The run records of ``model``, pruning index members whose record expired."""
-    members: set[bytes] = await redis.smembers(keys.running(model))  # type: ignore[misc]
-    request_ids = sorted(_text(member) for member in members)
+# The members of a model's running set that may need a reaper: an owner whose liveness key
+# expired, or a queued record past its deadline (or of unknown deadline: written before records
+# kept one). Index members whose record expired are pruned. Reads two short fields per record
+# in the server, so a sweep of thousands of healthy records sends back none of their jobs.
+_CANDIDATES = """
+local now = tonumber(ARGV[3])
+local found, gone = {}, {}
+for _, request_id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  local row = redis.call('HMGET', ARGV[1] .. request_id, 'owner', 'deadline')
+  local owner, deadline = row[1], tonumber(row[2])
+  if not owner then
+    gone[#gone + 1] = request_id
+  elseif owner == '' then
+    if deadline == nil or (deadline > 0 and deadline < now) then found[#found + 1] = request_id end
+  elseif redis.call('EXISTS', ARGV[2] .. (string.match(owner, '^(.*)/') or owner)) == 0 then
+    found[#found + 1] = request_id
+  end
+end
+if #gone > 0 then redis.call('SREM', KEYS[1], unpack(gone)) end
+return found
+"""
+
+
+async def reaping_candidates(redis: Redis, model: str, now: float | None = None) -> list[RunRecord]:
+    """The run records of ``model`` a reaper may have to act on: owned by a worker whose
+    liveness key expired, or queued and past their deadline. Only these are read whole."""
+    found: list[bytes] = await redis.eval(  # type: ignore[misc]
+        _CANDIDATES,
+        1,
+        keys.running(model),
+        keys.run(""),
+        keys.worker(""),
+        repr(time.time() if now is None else now),
+    )
+    request_ids = sorted(_text(member) for member in found)
     if not request_ids:
         return []
     async with redis.pipeline(transaction=False) as pipe:
         for request_id in request_ids:
             pipe.hmget(keys.run(request_id), ["owner", "attempt", "job"])
         rows = await pipe.execute()
-    records: list[RunRecord] = []
-    vanished: list[str] = []
-    for request_id, (owner, attempt, job) in zip(request_ids, rows, strict=True):
-        record = _record(request_id, owner, attempt, job)
-        if record is None:
-            vanished.append(request_id)
-        else:
-            records.append(record)
-    if vanished:
-        await redis.srem(keys.running(model), *vanished)  # type: ignore[misc]
-    return records
+    records = (_record(request_id, *row) for request_id, row in zip(request_ids, rows, strict=True))
+    return [record for record in records if record is not None]  # None: ended since
 
 
 async def current_attempt(redis: Redis, request_id: str) -> int | None:

