@@ -10,7 +10,8 @@ reader re-issues XREAD with its current streams each time it returns, and a join
 the XREAD in flight short with ``CLIENT UNBLOCK`` (from the gateway's pool). Without
 that, a new stream would wait out the block, and Redis ends blocks only on its ~100 ms
 ticks (``hz`` 10), whatever the block asked (measured in ``bench/stream_clients.py``);
-where ``CLIENT UNBLOCK`` is not allowed, that is the fallback (``BLOCK_MS``).
+where ``CLIENT UNBLOCK`` is not allowed, that is the fallback (``BLOCK_MS``). Where it is,
+a block lasts ``WOKEN_BLOCK_MS``: between tokens a reader waits in one XREAD, not many.
 
 Per subscriber the order, the resume point (``after_id``, the SSE ``Last-Event-ID``),
 the end at the terminal event and the deadline are those of ``EventReader.read``. A
@@ -54,6 +55,11 @@ logger = logging.getLogger(__name__)
 # How long one XREAD blocks: with Redis's ~100 ms ticks, any block under 100 ms ends on the
 # next tick, which bounds how late a stream joining a reader is first read if it cannot be woken.
 BLOCK_MS = 50
+# How long one XREAD blocks where a join can cut it short (CLIENT UNBLOCK allowed). Between two
+# decode steps each short block ran out on a tick and was sent again: at 64 streams of ~4 steps
+# a second, 4 readers sent 60 XREADs a second where 17 carry tokens, each a wake-up of the
+# gateway and Redis on cores the engine computes on.
+WOKEN_BLOCK_MS = 1000
 # Entries read per stream per XREAD.
 _COUNT = 256
 # A subscriber with this many events buffered is not read until it has consumed half of them.
@@ -173,10 +179,12 @@ class _Reader:
     async def _read(self, positions: dict[str, str]) -> Any:
         if self._client_id is None:
             self._client_id = int(await self.redis.client_id())
+            await self._probe_wake(self._client_id)
         self._read_changes = self._changes
         self._blocked = True
+        block = WOKEN_BLOCK_MS if self._can_wake else BLOCK_MS
         try:
-            return await self.redis.xread(positions, block=BLOCK_MS, count=_COUNT)  # type: ignore[arg-type]
+            return await self.redis.xread(positions, block=block, count=_COUNT)  # type: ignore[arg-type]
         finally:
             self._blocked = False
 
@@ -186,6 +194,15 @@ class _Reader:
         stale = self._blocked and self._read_changes != self._changes
         if stale and self._can_wake and self._waking is None and self._client_id is not None:
             self._waking = asyncio.get_running_loop().create_task(self._unblock(self._client_id))
+
+    async def _probe_wake(self, client_id: int) -> None:
+        """Whether this connection's reads can be cut short: CLIENT UNBLOCK of a connection that is
+        not blocked answers 0 where it is allowed (before the first long block relies on it)."""
+        try:
+            await self._waker.client_unblock(client_id)
+        except ResponseError as error:
+            logger.info("stream readers cannot be woken (%s); new streams wait up to a block", error)
+            self._can_wake = False
 
     async def _unblock(self, client_id: int) -> None:
         try:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 
 import pytest
 from redis.asyncio import Redis
 
 from shared.errors import Timeout
-from shared.jobs.stream_mux import StreamMux
+from shared.jobs.stream_mux import WOKEN_BLOCK_MS, StreamMux
 from shared.jobs.streams import EventWriter
 from shared.protocol import Accepted, Delta, Finished, FinishReason, Usage
 
@@ -53,3 +55,53 @@ async def test_a_deadline_hands_over_what_arrived_then_times_out(redis: Redis) -
         await mux.aclose()
 
     assert received == ["accepted", "delta"]
+
+
+async def _first_event_after_joining_a_blocked_reader(redis: Redis, mux: StreamMux, request_id: str) -> float:
+    """Seconds from publishing to a stream that joined a reader already blocked on another."""
+    waiting = asyncio.create_task(_events(mux, f"{request_id}-idle", deadline_s=5))
+    await asyncio.sleep(0.2)  # the one reader is now blocked in XREAD on the idle stream
+    joined = mux.read_batches(request_id, deadline=time.monotonic() + 10)
+    first = asyncio.ensure_future(anext(joined))
+    await asyncio.sleep(0.05)
+    started = time.monotonic()
+    await _publish(redis, request_id, ["a"], finish=True)
+    batch = await first
+    elapsed = time.monotonic() - started
+    await joined.aclose()
+    waiting.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Timeout):
+        await waiting
+    assert batch[0].event.type == "accepted"
+    return elapsed
+
+
+async def _events(mux: StreamMux, request_id: str, deadline_s: float) -> list[str]:
+    return [item.event.type async for item in mux.read(request_id, deadline=time.monotonic() + deadline_s)]
+
+
+async def test_a_stream_joining_a_blocked_reader_is_read_at_once_not_after_the_block(redis: Redis) -> None:
+    mux = StreamMux(redis, readers=1)
+    try:
+        elapsed = await _first_event_after_joining_a_blocked_reader(redis, mux, "r3")
+    finally:
+        await mux.aclose()
+    assert elapsed < WOKEN_BLOCK_MS / 2000  # cut short: well before the block would end
+
+
+async def test_where_readers_cannot_be_woken_a_joining_stream_waits_only_a_short_block(
+    redis_url: str, redis: Redis
+) -> None:
+    await redis.acl_setuser(
+        "no-unblock", enabled=True, passwords=["+secret"], keys=["*"], channels=["*"],
+        commands=["+@all", "-client|unblock"],
+    )  # fmt: skip
+    limited = Redis.from_url(redis_url, username="no-unblock", password="secret")
+    mux = StreamMux(limited, readers=1)
+    try:
+        elapsed = await _first_event_after_joining_a_blocked_reader(limited, mux, "r4")
+    finally:
+        await mux.aclose()
+        await limited.aclose()
+        await redis.acl_deluser("no-unblock")
+    assert elapsed < WOKEN_BLOCK_MS / 2000  # the fallback's short blocks, not the long one
