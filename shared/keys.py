@@ -15,6 +15,7 @@
 |                              |        |         |                 | a field per model name operators run  |
 | tf:run:{request_id}          | hash   | worker  | worker, gateway | a running job's owner; RUN_TTL_S      |
 | tf:running:{model}           | set    | worker  | worker (reaper) | members removed with their tf:run     |
+| tf:sweep:{model}             | string | worker  | worker (reaper) | the reap interval: whose turn it is   |
 | tf:cancelled:{request_id}    | string | gateway | worker          | CANCELLED_TTL_S                       |
 | tf:wake:{model}              | pubsub | gateway | worker          | (channel: a job was enqueued)         |
 | tf:aborts                    | pubsub | gateway | worker          | (channel: an abort was added)         |
@@ -168,6 +169,11 @@ def running(model: str) -> str:
     return f"{PREFIX}running:{model}"
 
 
+def sweep_turn(model: str) -> str:
+    """Held for one reap interval by the worker of ``model`` whose reaper sweeps in it."""
+    return f"{PREFIX}sweep:{model}"
+
+
 def cancelled(request_id: str) -> str:
     return f"{PREFIX}cancelled:{request_id}"
 
@@ -277,7 +283,7 @@ def response(response_id: str) -> str:
 
 _GROUP_KEYS = (
     "queue", "events", "worker", "workers_index", "known_models", "reply", "run", "running",
-    "cancelled", "wake", "ABORTS_CHANNEL", "ARQ_JOB_PREFIX", "ARQ_IN_PROGRESS_PREFIX",
+    "sweep_turn", "cancelled", "wake", "ABORTS_CHANNEL", "ARQ_JOB_PREFIX", "ARQ_IN_PROGRESS_PREFIX",
     "ARQ_RETRY_PREFIX", "ARQ_RESULT_PREFIX", "ARQ_ABORTS",
 )  # fmt: skip
 _HOME_KEYS = (

@@ -165,7 +165,9 @@ async def build_runtime(
             _chat_options(settings, backend).template_kwargs,
         ),
         presence=presence,
-        reaper=Reaper(pool, settings.model_name, settings.reap_interval_s, metrics.record_failover),
+        reaper=Reaper(
+            pool, settings.model_name, settings.reap_interval_s, metrics.record_failover, worker_id=worker_id
+        ),
         interactive=interactive,
         batch_lane=batch_lane,
     )

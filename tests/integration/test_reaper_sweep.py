@@ -3,6 +3,7 @@ queued job past its deadline fails clearly, everything else (however many) is le
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 from redis.asyncio import Redis
@@ -96,5 +97,21 @@ async def test_only_jobs_arq_started_and_nobody_claimed_count_as_unclaimed(
         assert await run_records.begin(pool, claimed, ALIVE) is run_records.Claim.OK
         unclaimed = await jobqueue.unclaimed_in_progress(pool, MODEL)
         assert sorted(unclaimed) == sorted([picked.request_id, keys.attempt_job_id(resumed.request_id, 2)])
+    finally:
+        await pool.aclose()
+
+
+async def test_the_workers_of_a_model_take_turns_to_sweep_one_interval_each(redis_url: str) -> None:
+    pool = await jobqueue.open_pool(redis_url)
+    try:
+        first, second = (
+            Reaper(pool, MODEL, interval_s=0.3, worker_id=worker_id) for worker_id in ("reaper-a", "reaper-b")
+        )
+        other_model = Reaper(pool, "other-model", interval_s=0.3, worker_id="reaper-c")
+        assert await first.take_turn()
+        assert not await second.take_turn()  # the same interval: one sweep finds what both would
+        assert await other_model.take_turn()  # each model's workers take their own turns
+        await asyncio.sleep(0.4)
+        assert await second.take_turn()  # the next interval: whoever asks first
     finally:
         await pool.aclose()

@@ -1,6 +1,7 @@
 """Owns failover: finding jobs whose worker died and putting them back in the queue to be resumed.
 
-Every live worker sweeps its model's run table every ``reap_interval_s``. A job
+A live worker of each model sweeps its run table every ``reap_interval_s``: the workers take
+turns (``take_turn``: the first to ask in an interval), since one sweep finds what any would. A job
 whose owner's heartbeat key has expired is moved to its next attempt with one
 atomic script (``run_records.orphan``), so when several workers sweep at once exactly
 one re-enqueues it; arq's records of the dead attempt are dropped so it neither
@@ -44,23 +45,32 @@ class Reaper:
         model: str,
         interval_s: float,
         on_failover: Callable[[], None] = lambda: None,
+        worker_id: str = "",
     ) -> None:
         self._pool = pool
         self._model = model
+        self._worker_id = worker_id
         self._interval_s = interval_s
         self._writer = EventWriter(pool)
         self._on_failover = on_failover
         self._unclaimed_since: dict[str, float] = {}  # arq job id -> first seen running unclaimed
 
     async def run(self) -> None:
-        """Sweep forever; a Redis outage only skips sweeps."""
+        """Sweep forever, in the intervals this worker wins; a Redis outage only skips sweeps."""
         while True:
             try:
-                await self.sweep()
-                await self.release_unclaimed()
+                if await self.take_turn():
+                    await self.sweep()
+                    await self.release_unclaimed()
             except RedisError as error:
                 logger.warning("takeover sweep failed: %s", error)
             await asyncio.sleep(self._interval_s)
+
+    async def take_turn(self) -> bool:
+        """Whether this worker sweeps in this interval: the first of the model's workers to ask."""
+        interval_ms = max(1, int(self._interval_s * 1000))
+        turn = keys.sweep_turn(self._model)
+        return bool(await self._pool.set(turn, self._worker_id, nx=True, px=interval_ms))
 
     async def sweep(self) -> int:
         """Re-enqueue the jobs of dead workers; returns how many were taken over."""
