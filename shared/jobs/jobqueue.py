@@ -201,9 +201,10 @@ _UNCLAIMED = """
 local found = {}
 for _, queue in ipairs(KEYS) do
   for _, job_id in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
-    if redis.call('EXISTS', ARGV[1] .. job_id) == 1 then
-      local request_id = string.match(job_id, '^(.-)' .. ARGV[3]) or job_id
-      if redis.call('EXISTS', ARGV[2] .. request_id) == 0 then found[#found + 1] = job_id end
+    local request_id = string.match(job_id, '^(.-)' .. ARGV[3]) or job_id
+    -- claimed first: most jobs in a queue are running ones, whose record answers alone
+    if redis.call('EXISTS', ARGV[2] .. request_id) == 0 and redis.call('EXISTS', ARGV[1] .. job_id) == 1 then
+      found[#found + 1] = job_id
     end
   end
 end

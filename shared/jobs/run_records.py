@@ -178,10 +178,11 @@ async def orphan(redis: Redis, record: RunRecord, now: float | None = None) -> O
 # The members of a model's running set that may need a reaper: an owner whose liveness key
 # expired, or a queued record past its deadline (or of unknown deadline: written before records
 # kept one). Index members whose record expired are pruned. Reads two short fields per record
-# in the server, so a sweep of thousands of healthy records sends back none of their jobs.
+# and each owner's liveness once, in the server, so a sweep of thousands of healthy records
+# sends back none of their jobs.
 _CANDIDATES = """
 local now = tonumber(ARGV[3])
-local found, gone = {}, {}
+local found, gone, alive = {}, {}, {}
 for _, request_id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   local row = redis.call('HMGET', ARGV[1] .. request_id, 'owner', 'deadline')
   local owner, deadline = row[1], tonumber(row[2])
@@ -189,8 +190,10 @@ for _, request_id in ipairs(redis.call('SMEMBERS', KEYS[1])) do
     gone[#gone + 1] = request_id
   elseif owner == '' then
     if deadline == nil or (deadline > 0 and deadline < now) then found[#found + 1] = request_id end
-  elseif redis.call('EXISTS', ARGV[2] .. (string.match(owner, '^(.*)/') or owner)) == 0 then
-    found[#found + 1] = request_id
+  else
+    local worker = string.match(owner, '^(.*)/') or owner
+    if alive[worker] == nil then alive[worker] = redis.call('EXISTS', ARGV[2] .. worker) == 1 end
+    if not alive[worker] then found[#found + 1] = request_id end
   end
 end
 if #gone > 0 then redis.call('SREM', KEYS[1], unpack(gone)) end
