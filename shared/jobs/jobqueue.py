@@ -201,7 +201,8 @@ _UNCLAIMED = """
 local found = {}
 for _, queue in ipairs(KEYS) do
   for _, job_id in ipairs(redis.call('ZRANGE', queue, 0, -1)) do
-    local request_id = string.match(job_id, '^(.-)' .. ARGV[3]) or job_id
+    local cut = string.find(job_id, ARGV[3], 1, true)  -- keys.request_id_of_job
+    local request_id = cut and string.sub(job_id, 1, cut - 1) or job_id
     -- claimed first: most jobs in a queue are running ones, whose record answers alone
     if redis.call('EXISTS', ARGV[2] .. request_id) == 0 and redis.call('EXISTS', ARGV[1] .. job_id) == 1 then
       found[#found + 1] = job_id
@@ -224,14 +225,9 @@ async def unclaimed_in_progress(pool: QueuePool, model: str) -> list[str]:
         *[keys.queue(model, lane) for lane in keys.Lane],
         keys.ARQ_IN_PROGRESS_PREFIX,
         keys.run(""),
-        _lua_literal(keys.ATTEMPT_SEPARATOR),
+        keys.ATTEMPT_SEPARATOR,
     )
     return [job_id.decode() for job_id in found]
-
-
-def _lua_literal(text: str) -> str:
-    """``text`` as a Lua pattern that matches it literally."""
-    return "".join(f"%{char}" if not char.isalnum() else char for char in text)
 
 
 async def release(pool: QueuePool, arq_job_id: str) -> None:

@@ -6,8 +6,9 @@ Instead every accepted job has a run record (``keys.run``) naming its owner as
 ``"<worker_id>/<attempt>"``, beside the job and its deadline; the owner's liveness key
 (``keys.worker``, refreshed by its heartbeat) is the lease. When the lease lapses, any
 live worker of the model (``worker/queue/reaper.py``) moves the record to "queued" with
-the next attempt number and enqueues a resume job; the worker that picks it up claims the record and
-continues the stream from the events already in it (``worker/driver/resume.py``).
+the next attempt number and enqueues a resume job; the worker that picks it up claims
+the record and continues the stream from the events already in it
+(``worker/driver/resume.py``).
 
 Every transition is one Lua script, so two reapers, a late owner and a
 cancelling client can race without a job running twice or being lost:
