@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 
 from arq import func
 from arq.constants import in_progress_key_prefix
@@ -61,19 +62,7 @@ async def test_close_completes_the_shutdown_even_when_a_job_task_ends_cancelled(
     async def on_shutdown(ctx: dict[str, object]) -> None:
         shut_down.append(True)
 
-    async def unused(ctx: dict[str, object]) -> None:
-        pass
-
-    worker = QueueWorker(
-        functions=[func(unused, name="unused")],
-        queue_name="tf:test:close",
-        redis_settings=jobqueue.redis_settings(redis_url),
-        on_shutdown=on_shutdown,
-        wake_channel="tf:test:close:wake",
-        lane=keys.Lane.BATCH,
-        drain_grace_s=1.0,
-        drain_on_signals=False,
-    )
+    worker = _batch_lane_worker(redis_url, on_shutdown)
     main = asyncio.create_task(worker.main())
     await asyncio.sleep(0.2)
     # A job task cancelled before a handler of its own runs (as one just claimed is): it ends
@@ -84,6 +73,42 @@ async def test_close_completes_the_shutdown_even_when_a_job_task_ends_cancelled(
     await asyncio.gather(main, return_exceptions=True)
     await worker.close()
     assert shut_down == [True]
+
+
+async def test_close_stops_the_wake_up_listener_with_the_pool(redis_url: str) -> None:
+    async def nothing(ctx: dict[str, object]) -> None:
+        pass
+
+    worker = _batch_lane_worker(redis_url, nothing)
+    main = asyncio.create_task(worker.main())
+    await asyncio.sleep(0.2)
+    background = list(worker._background)  # the wake-up listener
+    assert background
+    # As the runtime closes its batch lane: its main task ends, then its pool is closed.
+    main.cancel()
+    await asyncio.gather(main, return_exceptions=True)
+    await worker.close()
+    await asyncio.sleep(0.2)
+    # Left running, the listener resubscribed on the dropped pool and died of an AttributeError.
+    assert all(task.cancelled() for task in background)
+
+
+def _batch_lane_worker(
+    redis_url: str, on_shutdown: Callable[[dict[str, object]], Awaitable[None]]
+) -> QueueWorker:
+    async def unused(ctx: dict[str, object]) -> None:
+        pass
+
+    return QueueWorker(
+        functions=[func(unused, name="unused")],
+        queue_name="tf:test:close",
+        redis_settings=jobqueue.redis_settings(redis_url),
+        on_shutdown=on_shutdown,
+        wake_channel="tf:test:close:wake",
+        lane=keys.Lane.BATCH,
+        drain_grace_s=1.0,
+        drain_on_signals=False,
+    )
 
 
 async def test_a_poll_sets_keys_only_for_the_jobs_it_claims(redis: Redis) -> None:

@@ -133,6 +133,12 @@ class QueueWorker(Worker):
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
         self.tasks.clear()  # done: arq's own close has nothing left to gather
+        # The wake-up listener too: left running, it resubscribed on a pool arq's close had
+        # dropped and ended in an AttributeError logged at shutdown.
+        background = [task for task in self._background if task is not asyncio.current_task()]
+        for task in background:
+            task.cancel()
+        await asyncio.gather(*background, return_exceptions=True)
         await super().close()
 
     def stop_picking(self) -> None:
