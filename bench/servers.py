@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.os_scheduling import batch_threads
 from shared.redis_server import EmbeddedRedis, free_port
 from shared.supervisor import (
     ChildExited,
@@ -66,13 +67,18 @@ def _wait_ready(base_url: str, supervisor: Supervisor, logs_dir: Path) -> str:
 
 @contextmanager
 def running_servers(
-    worker_args: Sequence[str], *, python: str | None = None, extra_env: Mapping[str, str] | None = None
+    worker_args: Sequence[str],
+    *,
+    python: str | None = None,
+    extra_env: Mapping[str, str] | None = None,
+    relays_batch: bool = False,
 ) -> Iterator[RunningServers]:
     """Redis, a worker with ``worker_args`` and a gateway; stopped on exit, whatever the exit.
 
     ``python`` is the interpreter both run under (``python -m cli``, so started from the
     repository root the checkout's code is imported whatever venv it is): by default this one.
-    ``extra_env`` is added to both processes' environment.
+    ``extra_env`` is added to both processes' environment. ``relays_batch``: the gateway and
+    Redis under SCHED_BATCH, as ``tokenferry serve`` starts them beside a ``--engine vllm`` worker.
     """
     logs_dir = Path(tempfile.mkdtemp(prefix="tokenferry-bench-"))
     redis = EmbeddedRedis()
@@ -86,9 +92,13 @@ def running_servers(
         worker = [*cli, "worker", "--redis-url", redis.socket_url, *worker_args]
         supervisor.start("worker", worker, env=env, output=logs_dir / "worker.log")
         gateway = [*cli, "gateway", "--redis-url", redis.socket_url, "--port", str(port)]
-        supervisor.start("gateway", gateway, env=env, output=logs_dir / "gateway.log")
+        gateway_child = supervisor.start("gateway", gateway, env=env, output=logs_dir / "gateway.log")
         base_url = f"http://127.0.0.1:{port}"
         model = _wait_ready(base_url, supervisor, logs_dir)
+        if relays_batch:  # as ``tokenferry serve`` schedules them beside vLLM's engine core
+            batch_threads(gateway_child.pid)
+            if redis.pid is not None:
+                batch_threads(redis.pid)
         yield RunningServers(base_url, model, logs_dir, tuple(worker_args))
     finally:
         with ctrl_c_ignored():  # a second Ctrl-C must not orphan them

@@ -30,6 +30,7 @@ from cli import options
 from cli.preflight import require_free_port
 from shared import __version__
 from shared.jobs.jobqueue import redacted_url
+from shared.os_scheduling import batch_threads, worker_batches
 from shared.protocol import PROTOCOL_VERSION
 from shared.redis_server import EmbeddedRedis, RedisServerError
 from shared.settings import WorkerSettings
@@ -58,7 +59,11 @@ def serve(args: argparse.Namespace, flags: dict[str, options.Flags]) -> int:
     gateway_argv = common + options.to_argv(gateway_values, flags["serve_gateway"])
     worker_values = options.given(args, flags["serve_worker"])
     worker_argv = common + options.to_argv(worker_values, flags["serve_worker"])
-    model = _model_name({**common_values, **worker_values})
+    worker_settings = _worker_settings({**common_values, **worker_values})
+    model = None if worker_settings is None else worker_settings.model_name
+    relays_batch = worker_settings is not None and worker_batches(
+        worker_settings.os_scheduling, worker_settings.engine
+    )
     redis = None if getattr(args, "redis_url", None) else EmbeddedRedis()
     # Children lead groups of their own: Ctrl-C reaches only this process, which stops them in order.
     supervisor = Supervisor(grace_s=_STOP_TIMEOUT_S)
@@ -74,9 +79,15 @@ def serve(args: argparse.Namespace, flags: dict[str, options.Flags]) -> int:
         supervisor.start("worker", cli_command("worker", *worker_argv), env=with_environment(redis_env))
         gateway_address = ["--host", args.host, "--port", str(args.port)]
         gateway_env = with_environment({**redis_env, **key_env})
-        supervisor.start("gateway", cli_command("gateway", *gateway_address, *gateway_argv), env=gateway_env)
+        gateway = supervisor.start(
+            "gateway", cli_command("gateway", *gateway_address, *gateway_argv), env=gateway_env
+        )
         base_url = f"http://{_client_host(args.host)}:{args.port}"
         model = _wait_until_ready(base_url, model, supervisor, stop, args.ready_timeout)
+        if relays_batch:  # beside vLLM's engine core: relaying never preempts its threads
+            batch_threads(gateway.pid)
+            if redis is not None and redis.pid is not None:
+                batch_threads(redis.pid)
         _print_banner(args.host, args.port, model, redis_url, embedded=redis is not None)
         return _wait_for_exit(supervisor, stop)
     except StopRequested:
@@ -91,10 +102,10 @@ def serve(args: argparse.Namespace, flags: dict[str, options.Flags]) -> int:
         print("tokenferry: stopped", file=sys.stderr)
 
 
-def _model_name(values: dict[str, Any]) -> str | None:
-    """The name the worker will serve, as it reads its settings; None where they are invalid (it says why)."""
+def _worker_settings(values: dict[str, Any]) -> WorkerSettings | None:
+    """The worker's settings as it will read them; None where they are invalid (it says why)."""
     try:
-        return WorkerSettings(**values).model_name
+        return WorkerSettings(**values)
     except (ValidationError, ValueError):
         return None
 

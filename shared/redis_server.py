@@ -115,6 +115,11 @@ class EmbeddedRedis:
         return f"redis://127.0.0.1:{self.port}/0"
 
     @property
+    def pid(self) -> int | None:
+        """The server's process id once started."""
+        return None if self._process is None else self._process.pid
+
+    @property
     def socket_path(self) -> Path | None:
         """The server's Unix socket; None where its path would be too long for one (some TMPDIRs)."""
         path = Path(self._dir.name) / "redis.sock"

@@ -194,6 +194,14 @@ class WorkerSettings(TokenferrySettings):
         "transformers",
         description="vllm: vLLM's engine (the vllm extra, docs/engines.md); fake: no model (tests).",
     )
+    os_scheduling: Annotated[Literal["auto", "normal", "batch"], ENGINE] = Field(
+        "auto",
+        description=(
+            "Linux policy of the worker's threads: batch never preempts a running thread on waking "
+            "(SCHED_BATCH; docs/performance.md); auto: batch under --engine vllm, whose model runs "
+            "in a process of its own, and then tokenferry serve's gateway and Redis too."
+        ),
+    )
     device: Annotated[str, ENGINE] = Field("auto", description="cpu, cuda, cuda:N or auto.")
     dtype: Annotated[Literal["auto", "float32", "float16", "bfloat16"], ENGINE] = Field(
         "auto",

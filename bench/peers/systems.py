@@ -126,7 +126,11 @@ def _tokenferry(
     worker_args = [*worker_args, "--metrics-port", str(metrics_port)]
     with contextlib.ExitStack() as stack:
         try:
-            servers = stack.enter_context(running_servers(worker_args, python=python, extra_env=extra_env))
+            servers = stack.enter_context(
+                running_servers(
+                    worker_args, python=python, extra_env=extra_env, relays_batch=system == "vllm-engine"
+                )
+            )
         except ServerStartError as error:
             raise SystemStartError(str(error)) from None
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import time
 
@@ -136,6 +137,17 @@ def test_a_repeated_prompt_reports_the_tokens_vllm_s_prefix_cache_served(client:
     prompt_tokens = answers[0].usage.prompt_tokens  # type: ignore[union-attr]
     assert max(cached[1:]) > cached[0] + 200, cached
     assert max(cached) < prompt_tokens
+
+
+def test_the_worker_s_threads_never_preempt_vllm_s_engine_core(vllm_cluster: VllmCluster) -> None:
+    # The worker only relays; vLLM's engine core, its child, computes (shared/os_scheduling.py).
+    for worker in vllm_cluster.workers.values():
+        relay = [os.sched_getscheduler(thread.id) for thread in psutil.Process(worker.pid).threads()]
+        assert set(relay) == {os.SCHED_BATCH}
+        cores = psutil.Process(worker.pid).children(recursive=True)
+        assert cores
+        compute = {os.sched_getscheduler(thread.id) for core in cores for thread in core.threads()}
+        assert compute == {os.SCHED_OTHER}
 
 
 async def _both_workers_live(redis: Redis, cluster: VllmCluster) -> None:
