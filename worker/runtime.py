@@ -24,6 +24,7 @@ from redis.asyncio import Redis
 from shared import engines, keys, registry
 from shared.jobs.arq_seam import QueuePool
 from shared.jobs.streams import EventWriter
+from shared.os_scheduling import batch_threads, worker_batches
 from shared.redis_connect import async_client
 from shared.settings import WorkerSettings
 from worker.driver.engine_driver import DEFAULT_TUNING, DriverTuning, EngineDriver
@@ -136,6 +137,8 @@ async def build_runtime(
     backend = await asyncio.get_running_loop().run_in_executor(
         compute_executor(), _load_and_warm_up, settings, metrics.grammar_compile_seconds.observe
     )
+    if worker_batches(settings.os_scheduling, settings.engine):  # after vLLM's engine core started
+        logger.info("worker threads under SCHED_BATCH: %d", batch_threads())
     redis = async_client(settings.model_redis_url)
     writer = EventWriter(redis)
     pool = interactive.pool

@@ -8,19 +8,15 @@ vLLM's engine (``worker/engine/vllm_adapter/``).
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from shared.os_scheduling import batch_threads
 from shared.settings import WorkerSettings
 from worker.engine import Engine
 from worker.engine.grammar import GrammarCompiler
 from worker.requests.tokenization import Tokenizer
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -42,18 +38,7 @@ def load_backend(
     """Build the engine and tokenizer named by the settings (blocking: call off the loop).
 
     ``on_grammar_compile`` is told each grammar compile's duration in seconds (from preparation threads).
-    Once it is built, the worker's threads take the settings' ``os_scheduling`` (``shared/os_scheduling.py``).
     """
-    backend = _load(settings, on_grammar_compile)
-    batch = settings.os_scheduling == "batch" or (
-        settings.os_scheduling == "auto" and settings.engine == "vllm"
-    )
-    if batch:
-        logger.info("worker threads under SCHED_BATCH: %d", batch_threads())
-    return backend
-
-
-def _load(settings: WorkerSettings, on_grammar_compile: Callable[[float], None] | None) -> Backend:
     if settings.engine == "fake":
         from worker.engine.fake import FAKE_VOCAB_SIZE, ByteTokenizer, FakeEngine
 
