@@ -7,7 +7,9 @@ the kernel shape that measured faster, kept so the next step starts from numbers
 weights in panels of 16 output columns (``[N / 16, K, 16]``), two panels at a time,
 eight rows' sums in registers; with 16 rows, K in blocks of 128 so the second eight
 rows read the block from L1. It is not used by the engine: its panels would be a
-second copy of every weight beside oneDNN's (see the docs for what that needs).
+second copy of every weight beside oneDNN's, and measured again at 8-64 rows, neither these
+panels nor a [K, N] layout beat oneDNN on every shape (docs/performance.md, "The relays' CPU
+per request ...").
 
 Each weight shape is measured with enough distinct weights (~400 MB) that none is in
 cache, as a decode step's 30 layers are not; timed as bench-peers times the machine's

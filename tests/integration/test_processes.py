@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import signal
 import socket
@@ -10,6 +11,7 @@ import subprocess
 from collections.abc import Iterator
 
 import httpx
+import psutil
 import pytest
 from redis.asyncio import Redis
 
@@ -65,6 +67,31 @@ async def test_every_response_carries_a_request_id(slow_stack: str) -> None:
         missing = await client.get("/nope")
     assert [r.status_code for r in (ok, bad, missing)] == [200, 400, 404]
     assert all(r.headers.get("x-request-id") for r in (ok, bad, missing))
+
+
+def test_serve_puts_its_relays_under_sched_batch_when_the_worker_s_does() -> None:
+    port = free_port()
+    serve = spawn_cli(
+        "serve", "--port", str(port), "--engine", "fake", "--model", FAKE_MODEL, "--os-scheduling", "batch"
+    )
+    try:
+        read_until_serving(serve)
+        children = psutil.Process(serve.pid).children(recursive=True)
+        roles = {_role(child): child for child in children}
+        assert {"gateway", "worker", "redis"} <= set(roles)
+        for child in roles.values():
+            assert {os.sched_getscheduler(thread.id) for thread in child.threads()} == {os.SCHED_BATCH}
+        assert os.sched_getscheduler(serve.pid) == os.SCHED_OTHER  # serve itself only supervises
+    finally:
+        serve.send_signal(signal.SIGINT)
+        serve.wait(timeout=30)
+
+
+def _role(process: psutil.Process) -> str:
+    argv = process.cmdline()
+    if "cli" in argv:
+        return argv[argv.index("cli") + 1]  # gateway or worker
+    return "redis" if "redis" in process.name() or "valkey" in process.name() else process.name()
 
 
 def test_serve_starts_everything_and_ctrl_c_stops_everything() -> None:

@@ -1,4 +1,4 @@
-"""Relay processes under SCHED_BATCH: every thread of the process moves, and threads it starts later follow."""
+"""Relay processes under SCHED_BATCH: every thread of the process moves, and threads it starts follow."""
 
 from __future__ import annotations
 
