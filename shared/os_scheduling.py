@@ -3,7 +3,7 @@
 On a CPU host the model's OpenMP threads hold every core for a whole forward pass and meet
 at barriers. Under Linux's default policy a relay thread that wakes (a token to publish, an
 SSE write, a Redis reply) preempts one of them at once, and its partner then waits at the
-next barrier: a millisecond taken costs the model close to two. A ``SCHED_BATCH`` thread
+next barrier: a millisecond taken can cost the model two core-milliseconds. A ``SCHED_BATCH`` thread
 never preempts on waking: it runs at once on an idle core (between two forward passes one
 is), else at the next scheduler tick, and then takes its fair share as before. Nothing
 else about its share changes, and no privilege is needed: a process may move its own
@@ -13,9 +13,9 @@ Who is moved (``worker_batches``): with ``os_scheduling`` ``auto``, a ``--engine
 worker's own threads once vLLM's engine core, a child process of its own, is running, and
 under ``tokenferry serve`` the gateway and the private Redis beside it. The native engine's
 compute threads live in the worker's process, and its step loop waits for each publish to
-Redis: there, a Redis that waits for a tick measured 2 points more of every step between
-steps (the loop share of ``bench.peers``, four runs), so with the native engine nothing is
-moved. A gateway or Redis on hosts of their own is left alone. Threads a moved thread
+Redis: with the gateway and Redis moved, the share of each step spent between steps rose by
+about 2 points (``bench.peers``' loop column, four runs), so with the native engine nothing
+is moved. A gateway or Redis on hosts of their own is left alone. Threads a moved thread
 starts later inherit its policy. Linux only; elsewhere (and in a container that refuses it)
 nothing changes and one line is logged.
 """
