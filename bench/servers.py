@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from shared.os_scheduling import batch_threads
+from shared.os_scheduling import batch_relays
 from shared.redis_server import EmbeddedRedis, free_port
 from shared.supervisor import (
     ChildExited,
@@ -96,9 +96,7 @@ def running_servers(
         base_url = f"http://127.0.0.1:{port}"
         model = _wait_ready(base_url, supervisor, logs_dir)
         if relays_batch:  # as ``tokenferry serve`` schedules them beside vLLM's engine core
-            batch_threads(gateway_child.pid)
-            if redis.pid is not None:
-                batch_threads(redis.pid)
+            batch_relays(gateway_child.pid, redis.pid)
         yield RunningServers(base_url, model, logs_dir, tuple(worker_args))
     finally:
         with ctrl_c_ignored():  # a second Ctrl-C must not orphan them

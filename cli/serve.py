@@ -30,7 +30,7 @@ from cli import options
 from cli.preflight import require_free_port
 from shared import __version__
 from shared.jobs.jobqueue import redacted_url
-from shared.os_scheduling import batch_threads, worker_batches
+from shared.os_scheduling import batch_relays, worker_batches
 from shared.protocol import PROTOCOL_VERSION
 from shared.redis_server import EmbeddedRedis, RedisServerError
 from shared.settings import WorkerSettings
@@ -85,9 +85,7 @@ def serve(args: argparse.Namespace, flags: dict[str, options.Flags]) -> int:
         base_url = f"http://{_client_host(args.host)}:{args.port}"
         model = _wait_until_ready(base_url, model, supervisor, stop, args.ready_timeout)
         if relays_batch:  # beside vLLM's engine core: relaying never preempts its threads
-            batch_threads(gateway.pid)
-            if redis is not None and redis.pid is not None:
-                batch_threads(redis.pid)
+            batch_relays(gateway.pid, None if redis is None else redis.pid)
         _print_banner(args.host, args.port, model, redis_url, embedded=redis is not None)
         return _wait_for_exit(supervisor, stop)
     except StopRequested:

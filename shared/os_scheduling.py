@@ -37,6 +37,13 @@ def worker_batches(os_scheduling: str, engine: str) -> bool:
     return os_scheduling == "batch" or (os_scheduling == "auto" and engine == "vllm")
 
 
+def batch_relays(*pids: int | None) -> None:
+    """Move the relays started beside a worker (a gateway, a private Redis; None: not started here)."""
+    for pid in pids:
+        if pid is not None:
+            batch_threads(pid)
+
+
 def batch_threads(pid: int | None = None) -> int:
     """Put every thread of process ``pid`` (this one by default) under ``SCHED_BATCH``; how many moved."""
     policy = getattr(os, "SCHED_BATCH", None)
