@@ -150,6 +150,17 @@ class WorkerMetrics:
             "publishing and admission, which the engine waits for.",
             STEP_GAP_SECONDS_BUCKETS,
         )
+        # The gap's two known parts, so a slow loop says which of them grew.
+        self.route_seconds = self._histogram(
+            "route_duration_seconds",
+            "Turning one step's updates into events (text, stop strings, logprobs) on the worker's loop.",
+            STEP_GAP_SECONDS_BUCKETS,
+        )
+        self.publish_seconds = self._histogram(
+            "publish_duration_seconds",
+            "Storing one step's events in Redis, retries through an outage included.",
+            STEP_GAP_SECONDS_BUCKETS,
+        )
         self.queue_wait = self._histogram(
             "queue_wait_seconds",
             "From the job's creation at the gateway to its start on this worker.",

@@ -5,8 +5,9 @@ step to the start of the next while sequences run: routing, publishing and admis
 the worker's loop) beside ``tokenferry_worker_step_duration_seconds``. Read before and
 after a level, their sums give ``loop_share`` = gaps / (gaps + steps): the part of the
 engine's busy time it spent waiting for its own loop (issue 18's "lean loop": under 5% at
-c=32), and ``step_ms_mean``, the mean step as served. vLLM's server has no such metric: its
-rows get none.
+c=32), and ``step_ms_mean``, the mean step as served. Two parts of the gap are timed apart
+(``route_duration_seconds``, ``publish_duration_seconds``): ``route_share`` and
+``publish_share`` over the same busy time. vLLM's server has no such metric: its rows get none.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import httpx
 _GAPS = "tokenferry_worker_step_gap_seconds_sum"
 _STEPS = "tokenferry_worker_step_duration_seconds_sum"
 _STEP_COUNT = "tokenferry_worker_step_duration_seconds_count"
+_ROUTE = "tokenferry_worker_route_duration_seconds_sum"
+_PUBLISH = "tokenferry_worker_publish_duration_seconds_sum"
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,8 @@ class LoopTime:
     gaps_s: float
     steps_s: float
     steps: int = 0
+    route_s: float = 0.0
+    publish_s: float = 0.0
 
 
 def parse(text: str) -> LoopTime | None:
@@ -35,11 +40,12 @@ def parse(text: str) -> LoopTime | None:
     sums: dict[str, float] = {}
     for line in text.splitlines():
         name, _, rest = line.partition("{")
-        if name in (_GAPS, _STEPS, _STEP_COUNT):
+        if name in (_GAPS, _STEPS, _STEP_COUNT, _ROUTE, _PUBLISH):
             sums[name] = sums.get(name, 0.0) + float(rest.rsplit(" ", 1)[1])
     if _GAPS not in sums or _STEPS not in sums:
         return None
-    return LoopTime(sums[_GAPS], sums[_STEPS], int(sums.get(_STEP_COUNT, 0)))
+    steps = int(sums.get(_STEP_COUNT, 0))
+    return LoopTime(sums[_GAPS], sums[_STEPS], steps, sums.get(_ROUTE, 0.0), sums.get(_PUBLISH, 0.0))
 
 
 async def read(metrics_url: str | None) -> LoopTime | None:
@@ -56,14 +62,17 @@ async def read(metrics_url: str | None) -> LoopTime | None:
 
 
 def share(before: LoopTime | None, after: LoopTime | None) -> dict[str, Any]:
-    """``loop_share``, ``loop_gap_s`` and the mean step (``step_ms_mean``) over the interval, or
-    nothing when either read failed."""
+    """``loop_share``, ``loop_gap_s``, the mean step (``step_ms_mean``), ``route_share`` and
+    ``publish_share`` over the interval, or nothing when either read failed."""
     if before is None or after is None:
         return {}
     gaps, steps = after.gaps_s - before.gaps_s, after.steps_s - before.steps_s
     if gaps + steps <= 0:
         return {}
-    fields = {"loop_share": round(gaps / (gaps + steps), 4), "loop_gap_s": round(gaps, 3)}
+    busy = gaps + steps
+    fields = {"loop_share": round(gaps / busy, 4), "loop_gap_s": round(gaps, 3)}
+    fields["route_share"] = round((after.route_s - before.route_s) / busy, 4)
+    fields["publish_share"] = round((after.publish_s - before.publish_s) / busy, 4)
     if (count := after.steps - before.steps) > 0:
         fields["step_ms_mean"] = round(steps / count * 1000, 2)
     return fields

@@ -87,6 +87,9 @@ async def test_worker_metrics_port_counts_tokens_steps_and_queue_wait(redis_url:
     assert scrape.value("tokenferry_worker_step_duration_seconds_count") >= generated
     # Between a running request's steps the loop routes and publishes: one gap per step but its first.
     assert scrape.value("tokenferry_worker_step_gap_seconds_count") >= generated - 1
+    # Every step that produced tokens had them routed and published.
+    assert scrape.value("tokenferry_worker_route_duration_seconds_count") >= generated
+    assert scrape.value("tokenferry_worker_publish_duration_seconds_count") >= generated
     assert scrape.value("tokenferry_worker_batch_size_sum") == 2 * generated
     assert scrape.value("tokenferry_worker_running_sequences") == 0
     assert scrape.value("tokenferry_worker_waiting_sequences") == 0

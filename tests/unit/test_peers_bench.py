@@ -159,10 +159,15 @@ def test_the_loop_share_is_gaps_over_gaps_and_steps_between_two_reads() -> None:
         'tokenferry_worker_step_gap_seconds_count{model_name="m"} 300.0\n'
         'tokenferry_worker_step_duration_seconds_sum{model_name="m"} 30.0\n'
         'tokenferry_worker_step_duration_seconds_count{model_name="m"} 400.0\n'
+        'tokenferry_worker_route_duration_seconds_sum{model_name="m"} 0.6\n'
+        'tokenferry_worker_publish_duration_seconds_sum{model_name="m"} 0.8\n'
     )
-    before, after = loop_time.LoopTime(0.5, 11.0, 20), loop_time.parse(page)
-    assert after == loop_time.LoopTime(1.5, 30.0, 400)
-    assert loop_time.share(before, after) == {"loop_share": 0.05, "loop_gap_s": 1.0, "step_ms_mean": 50.0}
+    before, after = loop_time.LoopTime(0.5, 11.0, 20, 0.4, 0.4), loop_time.parse(page)
+    assert after == loop_time.LoopTime(1.5, 30.0, 400, 0.6, 0.8)
+    assert loop_time.share(before, after) == {
+        "loop_share": 0.05, "loop_gap_s": 1.0, "step_ms_mean": 50.0,
+        "route_share": 0.01, "publish_share": 0.02,
+    }  # fmt: skip
     assert loop_time.share(None, after) == {} and loop_time.parse("other 1\n") is None
 
 

@@ -121,6 +121,8 @@ WORKER_FAMILIES = {
         "batch_size",
         "step_duration_seconds",
         "step_gap_seconds",
+        "route_duration_seconds",
+        "publish_duration_seconds",
         "queue_wait_seconds",
         "prompt_tokens",
         "generation_tokens",

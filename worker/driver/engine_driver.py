@@ -224,8 +224,12 @@ class EngineDriver:
     async def _route_and_publish(self, updates: list[SequenceUpdate]) -> None:
         if not updates:
             return
+        routing = time.perf_counter()
         finished, events = self._requests.route(updates)
+        publishing = time.perf_counter()
         await self._publish(events)
+        self.metrics.route_seconds.observe(publishing - routing)
+        self.metrics.publish_seconds.observe(time.perf_counter() - publishing)
         for request_id in finished:
             self._requests.release(request_id)
 
