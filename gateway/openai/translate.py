@@ -54,6 +54,12 @@ def request_jobs(
     return completion_jobs(request, request_id, created_at)
 
 
+def compiles_grammars(request: ChatCompletionRequest | CompletionRequest) -> bool:
+    """Whether ``request_jobs`` will check a schema or grammar (tools, response_format,
+    structured_outputs, guided_*): work that can take long enough to stall the event loop."""
+    return bool(getattr(request, "tools", None)) or bool(agent_translate.output_constraints(request))
+
+
 def chat_job(request: ChatCompletionRequest, request_id: str, created_at: float) -> GenerationJob:
     """The job for a chat request; the worker applies the model's chat template."""
     setup = agent_translate.tool_setup(request)

@@ -127,6 +127,7 @@ class _Reader:
         self._changes = 0  # counts joins; ``_read_changes`` is the count the XREAD in flight saw
         self._read_changes = 0
         self._blocked = False
+        self._in_flight: dict[str, str] = {}  # the blocked XREAD's positions
         self._waking: asyncio.Task[None] | None = None
         self._can_wake = True
 
@@ -136,7 +137,19 @@ class _Reader:
 
     def add(self, subscription: _Subscription) -> None:
         self.subscriptions.setdefault(subscription.stream, []).append(subscription)
-        self.resume()
+        if not self._reads_already(subscription):
+            self.resume()
+
+    def _reads_already(self, subscription: _Subscription) -> bool:
+        """Whether the XREAD in flight reads ``subscription``'s stream from its position or before.
+
+        A request's relay joins where the read of its first event (``accepted``) left off, while
+        that read's next XREAD is still blocked on the stream: what it returns is handed to the
+        relay, so cutting it short with ``CLIENT UNBLOCK`` would cost both processes a round
+        trip and a wake-up per request for nothing.
+        """
+        position = self._in_flight.get(subscription.stream) if self._blocked else None
+        return position is not None and _position(position) <= _position(subscription.last_id)
 
     def resume(self) -> None:
         """Read again with the current streams: at once if idle, and cut short a blocked XREAD."""
@@ -181,7 +194,7 @@ class _Reader:
             self._client_id = int(await self.redis.client_id())
             await self._probe_wake(self._client_id)
         self._read_changes = self._changes
-        self._blocked = True
+        self._blocked, self._in_flight = True, positions
         block = WOKEN_BLOCK_MS if self._can_wake else BLOCK_MS
         try:
             return await self.redis.xread(positions, block=block, count=_COUNT)  # type: ignore[arg-type]

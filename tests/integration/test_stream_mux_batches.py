@@ -105,3 +105,42 @@ async def test_where_readers_cannot_be_woken_a_joining_stream_waits_only_a_short
         await limited.aclose()
         await redis.acl_deluser("no-unblock")
     assert elapsed < WOKEN_BLOCK_MS / 2000  # the fallback's short blocks, not the long one
+
+
+async def test_a_relay_joining_where_the_first_event_left_off_is_served_by_the_read_in_flight(
+    redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway reads a request's ``accepted`` and then relays the rest from there: the XREAD
+    the reader sent after ``accepted`` already reads that stream, so the relay wakes nobody."""
+    unblocks: list[int] = []
+    unblock = redis.client_unblock
+
+    async def counted(client_id: int, *args: object) -> bool:
+        unblocks.append(client_id)
+        return await unblock(client_id, *args)
+
+    monkeypatch.setattr(redis, "client_unblock", counted)
+    await _publish(redis, "r5", [], finish=False)
+    mux = StreamMux(redis, readers=1)
+    try:
+        async with contextlib.aclosing(mux.read("r5", deadline=time.monotonic() + 10)) as events:
+            accepted = await anext(events)
+        relay = mux.read_batches("r5", deadline=time.monotonic() + 10, after_id=accepted.entry_id)
+        first = asyncio.ensure_future(anext(relay))
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        await EventWriter(redis).publish_step(
+            [
+                ("r5", Delta(text="a", token_ids=[1])),
+                ("r5", Finished(finish_reason=FinishReason.STOP, usage=USAGE)),
+            ]
+        )
+        received = [item.event.type for item in await asyncio.wait_for(first, timeout=5)]
+        elapsed = time.monotonic() - started
+        received += [item.event.type async for batch in relay for item in batch]
+    finally:
+        await mux.aclose()
+
+    assert received == ["delta", "finished"]
+    assert elapsed < WOKEN_BLOCK_MS / 2000  # the blocked XREAD returned it, not a later one
+    assert len(unblocks) == 1  # the reader's one probe of CLIENT UNBLOCK when it connected

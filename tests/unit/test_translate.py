@@ -405,3 +405,15 @@ def test_every_served_name_of_a_model_gets_a_card() -> None:
 def test_logit_bias_keys_become_token_ids() -> None:
     request = chat_request(logit_bias={"15": 2.5, "7": -100})
     assert translate.chat_job(request, REQUEST_ID, CREATED_AT).sampling.logit_bias == {15: 2.5, 7: -100.0}
+
+
+def test_only_requests_with_a_schema_grammar_or_tools_are_translated_off_the_event_loop() -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    schema = {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object"}}}
+    assert not translate.compiles_grammars(chat_request())
+    assert not translate.compiles_grammars(completion_request(max_tokens=4))
+    assert translate.compiles_grammars(chat_request(tools=[tool]))
+    assert translate.compiles_grammars(chat_request(response_format=schema))
+    assert translate.compiles_grammars(chat_request(response_format={"type": "json_object"}))
+    assert translate.compiles_grammars(completion_request(guided_regex="[a-z]+"))
+    assert translate.compiles_grammars(chat_request(structured_outputs={"choice": ["a", "b"]}))
