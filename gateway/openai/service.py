@@ -67,7 +67,8 @@ class OpenAIService:
     ) -> list[GenerationJob]:
         """``body``'s jobs; translated on a thread when it carries a schema or grammar to check, which
         would stall every stream of this gateway. Without one, the thread's two hand-offs cost more
-        than the translation (about 0.7 ms of a request's time to first token here)."""
+        than the translation (0.7 ms of the request's path under strace; gateway CPU per request at
+        c=1, fake engine, 6.30 -> 5.23 ms with the worker's preparation also on its loop)."""
         if translate.compiles_grammars(body):
             return await asyncio.to_thread(
                 translate.request_jobs, body, self.request_id, created_at, self.state.max_choices
