@@ -9,7 +9,7 @@ import torch
 from transformers import LogitsProcessor, TopPLogitsWarper
 
 from tests.engines import request
-from worker.engine.batch_sampling import BatchSampler, takes_own_path
+from worker.engine.batch_sampling import BatchSampler, greedy_tokens, takes_own_path
 from worker.engine.draws import draw_tokens
 from worker.engine.isolation import sample_rows
 from worker.engine.sampling import NUCLEUS_CANDIDATES, choose_token, nucleus
@@ -252,3 +252,19 @@ def test_a_draw_takes_the_token_at_its_uniforms_quantile_across_blocks() -> None
     assert bool(valid.all())
     _, valid = draw_tokens(torch.tensor([[float("nan"), 0.5], [0.0, 0.0]]), torch.tensor([0.5, 0.5]))
     assert valid.tolist() == [False, False]
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 32])
+@pytest.mark.parametrize("vocab", [128, 49_152, 1_000])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_blocked_argmax_picks_what_torch_argmax_picks(rows: int, vocab: int, dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(rows * vocab)
+    scores = torch.randn(rows, vocab, generator=generator).to(dtype)
+    if rows >= 3:
+        scores[0, [5, vocab - 1]] = float("nan")  # the first NaN wins, as in argmax
+        scores[1] = float("-inf")  # nothing finite: index 0
+        scores[2, [vocab // 3, vocab // 2, vocab - 1]] = 1e4  # ties: the first
+    if rows == 32:
+        scores[4:8] = torch.round(scores[4:8])  # many ties within and across blocks
+    assert torch.equal(greedy_tokens(scores), scores.argmax(dim=-1))
+    assert torch.equal(greedy_tokens(scores[:, : vocab - 1]), scores[:, : vocab - 1].argmax(dim=-1))
