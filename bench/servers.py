@@ -42,6 +42,7 @@ class RunningServers:
     model: str
     logs_dir: Path
     worker_argv: tuple[str, ...]
+    worker_pid: int | None = None
 
 
 def log_tails(logs_dir: Path, lines: int = 20) -> str:
@@ -90,14 +91,14 @@ def running_servers(
         port = free_port()
         # As ``tokenferry serve`` connects its children: over the private server's Unix socket.
         worker = [*cli, "worker", "--redis-url", redis.socket_url, *worker_args]
-        supervisor.start("worker", worker, env=env, output=logs_dir / "worker.log")
+        worker_child = supervisor.start("worker", worker, env=env, output=logs_dir / "worker.log")
         gateway = [*cli, "gateway", "--redis-url", redis.socket_url, "--port", str(port)]
         gateway_child = supervisor.start("gateway", gateway, env=env, output=logs_dir / "gateway.log")
         base_url = f"http://127.0.0.1:{port}"
         model = _wait_ready(base_url, supervisor, logs_dir)
         if relays_batch:  # as ``tokenferry serve`` schedules them beside vLLM's engine core
             batch_relays(gateway_child.pid, redis.pid)
-        yield RunningServers(base_url, model, logs_dir, tuple(worker_args))
+        yield RunningServers(base_url, model, logs_dir, tuple(worker_args), worker_child.pid)
     finally:
         with ctrl_c_ignored():  # a second Ctrl-C must not orphan them
             supervisor.stop()  # the gateway first, so no new job reaches the worker

@@ -136,6 +136,13 @@ class WorkerMetrics:
             "kv_cache_usage_ratio",
             "Reserved KV-cache positions over the KV-cache token budget (0 without a shared cache).",
         )
+        self.kv_held = self._gauge(
+            "kv_cache_held_tokens",
+            "Tokens whose KV the running sequences hold (prompts being prefilled too).",
+        )
+        self.prefix_cache_held = self._gauge(
+            "prefix_cache_held_tokens", "Prompt tokens whose KV the prefix cache holds for reuse."
+        )
 
     def _define_flows(self) -> None:
         self.batch_size = self._histogram(
@@ -218,6 +225,8 @@ class WorkerMetrics:
         self.running.set(stats.running)
         self.waiting.set(stats.waiting)
         self.kv_reserved.set(stats.kv_reserved_tokens)
+        self.kv_held.set(stats.kv_held_tokens)
+        self.prefix_cache_held.set(stats.prefix_cache_tokens)
         capacity = stats.kv_capacity_tokens
         self.kv_usage.set(stats.kv_reserved_tokens / capacity if capacity > 0 else 0.0)
 

@@ -69,6 +69,7 @@ class Endpoint:
     model: str
     logs_dir: Path
     worker_metrics_url: str | None = None  # tokenferry's worker: where its Prometheus metrics are read
+    engine_pid: int | None = None  # the process that runs the model: tokenferry's worker, vLLM's server
 
 
 @dataclass(frozen=True)
@@ -105,14 +106,14 @@ def _vllm_server(setup: SystemSetup, dtype: str) -> Iterator[Endpoint]:
     base_url = f"http://127.0.0.1:{port}"
     supervisor = Supervisor(grace_s=STOP_GRACE_S)
     try:
-        supervisor.start("vllm", argv, env={**os.environ, **VLLM_ENV}, output=logs_dir / "vllm.log")
+        child = supervisor.start("vllm", argv, env={**os.environ, **VLLM_ENV}, output=logs_dir / "vllm.log")
         try:
             models = supervisor.wait_until(
                 lambda: served_models(base_url, timeout_s=5), timeout_s=READY_TIMEOUT_S, what="vLLM"
             )
         except (ChildExited, NotReady) as error:
             raise SystemStartError(f"{error}\n{log_tails(logs_dir, 30)}") from None
-        yield Endpoint("vllm", dtype, base_url, models[0], logs_dir)
+        yield Endpoint("vllm", dtype, base_url, models[0], logs_dir, engine_pid=child.pid)
     finally:
         with ctrl_c_ignored():
             supervisor.stop()
@@ -134,7 +135,9 @@ def _tokenferry(
         except ServerStartError as error:
             raise SystemStartError(str(error)) from None
         metrics_url = f"http://127.0.0.1:{metrics_port}/metrics"
-        yield Endpoint(system, dtype, servers.base_url, servers.model, servers.logs_dir, metrics_url)
+        yield Endpoint(
+            system, dtype, servers.base_url, servers.model, servers.logs_dir, metrics_url, servers.worker_pid
+        )
 
 
 def _interpreter(python: str) -> str:

@@ -45,7 +45,7 @@ def test_seeded_sampling_is_the_same_whatever_shares_the_batch(model: LlamaForCa
 
 
 def test_stats_report_the_cache_held_against_the_budget(model: LlamaForCausalLM) -> None:
-    engine = batched_engine(model, max_batch_tokens=1000)
+    engine = batched_engine(model, prefix_cache_tokens=100, max_batch_tokens=1000)
     engine.add(request("a", PROMPTS["a"], max_new_tokens=12))
     engine.add(request("b", PROMPTS["b"], max_new_tokens=12))
     engine.step()  # both prefilled: they hold their prompts, 3 and 9 positions
@@ -54,6 +54,8 @@ def test_stats_report_the_cache_held_against_the_budget(model: LlamaForCausalLM)
     assert (stats.running, stats.waiting) == (2, 0)
     assert stats.kv_reserved_tokens == 2 * 10  # rows x the longest row held now
     assert stats.kv_capacity_tokens == 1000
+    assert stats.kv_held_tokens == 4 + 10  # the tokens themselves: what the cache's memory follows
+    assert stats.prefix_cache_tokens == 3 + 9  # both prompts, kept for reuse
 
 
 def test_a_request_joining_mid_flight_starts_within_one_step(model: LlamaForCausalLM) -> None:

@@ -3,6 +3,8 @@ and its decode attention computes what sdpa does."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import (
@@ -22,6 +24,7 @@ from worker.engine.decode_attention import ATTENTION_NAME, KERNEL_ATTENTION_NAME
 from worker.engine.kv_cache import PaddedKVCache
 from worker.engine.sequential import SequentialEngine
 from worker.engine.slot_cache import SlotKVCache
+from worker.model.freed_memory import return_freed_memory
 
 PROMPTS = {"a": [5, 6, 7], "b": [9, 10, 11, 12, 13, 14, 15, 16, 17], "c": [20]}
 
@@ -119,6 +122,30 @@ def test_joining_unpadded_rows_after_others_keeps_every_row() -> None:
     assert slots.lengths == [2, 3, 4, 4]
     for row, (batch, batch_row) in enumerate([(padded, 0), (padded, 1), (unpadded, 0), (unpadded, 1)]):
         _assert_rows_equal(slots, row, batch, batch_row)
+
+
+def _resident_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_storage_is_resident_for_the_columns_rows_hold_not_its_capacity() -> None:
+    # 64 rows of 3 tokens in slots of 256 columns: 512 MB of capacity, a few MB of it written.
+    padded = _padded([[1, 1, 1]] * 64, layers=4, heads=8, dim=128)
+    slots = SlotKVCache(num_layers=4, max_rows=64)
+    before = _resident_mb()
+    slots.join(padded)
+    capacity_mb = sum(t.numel() * t.element_size() for t in slots.keys + slots.values) / 2**20
+    assert capacity_mb >= 512
+    assert _resident_mb() - before < 64
+    for keys, values in zip(slots.keys, slots.values, strict=True):
+        # Past the rows' lengths the storage reads as zeros (a masked column must not carry a NaN).
+        assert not keys[:, :, 3:].any() and not values[:, :, 3:].any()
+    return_freed_memory()  # what the reads' temporaries left in the C heap
+    assert _resident_mb() - before < 64  # reading untouched columns costs no memory either
+    _assert_rows_equal(slots, 63, padded, 63)
 
 
 def test_rows_survive_growth_and_leaving_rows() -> None:

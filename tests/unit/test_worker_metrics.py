@@ -43,13 +43,24 @@ def test_steps_count_generated_tokens_batch_sizes_and_step_time() -> None:
 
 def test_engine_occupancy_and_kv_cache_use_are_gauges() -> None:
     metrics = WorkerMetrics(MODEL)
-    metrics.observe_engine(EngineStats(running=3, waiting=2, kv_reserved_tokens=300, kv_capacity_tokens=1200))
+    metrics.observe_engine(
+        EngineStats(
+            running=3,
+            waiting=2,
+            kv_reserved_tokens=300,
+            kv_capacity_tokens=1200,
+            kv_held_tokens=250,
+            prefix_cache_tokens=400,
+        )
+    )
     scrape = _scrape(metrics)
     assert scrape.type_of("tokenferry_worker_running_sequences") == "gauge"
     assert scrape.value("tokenferry_worker_running_sequences") == 3
     assert scrape.value("tokenferry_worker_waiting_sequences") == 2
     assert scrape.value("tokenferry_worker_kv_cache_reserved_tokens") == 300
     assert scrape.value("tokenferry_worker_kv_cache_usage_ratio") == 0.25
+    assert scrape.value("tokenferry_worker_kv_cache_held_tokens") == 250
+    assert scrape.value("tokenferry_worker_prefix_cache_held_tokens") == 400
     metrics.observe_engine(EngineStats(running=0, waiting=0))  # an engine without a shared cache
     assert _scrape(metrics).value("tokenferry_worker_kv_cache_usage_ratio") == 0
 
@@ -118,6 +129,8 @@ WORKER_FAMILIES = {
         "waiting_sequences",
         "kv_cache_reserved_tokens",
         "kv_cache_usage_ratio",
+        "kv_cache_held_tokens",
+        "prefix_cache_held_tokens",
         "batch_size",
         "step_duration_seconds",
         "step_gap_seconds",

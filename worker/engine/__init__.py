@@ -140,6 +140,8 @@ class EngineStats:
     waiting: int  # added, not admitted yet
     kv_reserved_tokens: int = 0  # cache positions the running sequences take from the budget now
     kv_capacity_tokens: int = 0  # the budget they are admitted against; 0: none (no shared cache)
+    kv_held_tokens: int = 0  # tokens whose KV the running and prefilling sequences hold
+    prefix_cache_tokens: int = 0  # prompt tokens whose KV the prefix cache holds
     prefix_cache_hit_tokens: int = 0  # prompt tokens served from the prefix cache so far (cumulative)
     grammar_mask_seconds: float = 0.0  # time spent filling and applying grammar masks so far (cumulative)
     grammar_mask_fills: int = 0  # batched mask fills so far: one per forward with constrained rows

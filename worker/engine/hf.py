@@ -147,11 +147,14 @@ class TransformersEngine:
 
     def stats(self) -> EngineStats:
         admitted = [*self._rows, *self._prefilling.values()]
+        held = self._held_lengths()
         return EngineStats(
             running=len(admitted),
             waiting=len(self._scheduler.waiting),
-            kv_reserved_tokens=reserved_tokens(self._held_lengths()),
+            kv_reserved_tokens=reserved_tokens(held),
             kv_capacity_tokens=self._scheduler.limits.max_batch_tokens,
+            kv_held_tokens=sum(held),
+            prefix_cache_tokens=self._prefix_cache.stored_tokens,
             prefix_cache_hit_tokens=self._prefix_cache.hit_tokens,
             grammar_mask_seconds=self._masks.seconds,
             grammar_mask_fills=self._masks.fills,
