@@ -32,6 +32,7 @@ from worker.driver.lifecycle import JobLifecycle, Preparer
 from worker.metrics import MetricsServer, WorkerMetrics
 from worker.model.backend import Backend, load_backend
 from worker.model.compute_thread import compute_executor
+from worker.model.freed_memory import return_freed_memory
 from worker.model.warmup import warm_up
 from worker.probes import Probes
 from worker.queue.consumer import QueueWorker
@@ -183,6 +184,7 @@ async def build_runtime(
 def _load_and_warm_up(settings: WorkerSettings, on_grammar_compile: Callable[[float], None]) -> Backend:
     backend = load_backend(settings, on_grammar_compile)
     warm_up(backend)
+    return_freed_memory()  # what the grammar tables' build and the first forward freed
     return backend
 
 

@@ -11,7 +11,9 @@ Two kinds, both measured serving SmolLM2-135M in fp32 on a 2-core Xeon (``VmRSS`
   of 1,416.
 - Freed heap. Loading converts tensors and packing copies every weight and frees the original;
   glibc keeps such freed blocks in its heap for reuse rather than return them (about 300 MB
-  here). ``return_freed_memory`` (``malloc_trim``) returns them.
+  here). ``return_freed_memory`` (``malloc_trim``) returns them, once the model is ready and
+  again after the warm-up (building the grammar compiler's vocabulary tables and the first
+  forward left another ~30 MB freed in bf16).
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ import ctypes
 import ctypes.util
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
+if TYPE_CHECKING:  # torch stays unimported in fake-engine workers, which trim too
+    from torch import nn
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +33,8 @@ logger = logging.getLogger(__name__)
 def own_mapped_weights(model: nn.Module, maps: Path = Path("/proc/self/maps")) -> int:
     """Copy the CPU parameters and buffers that are views of a mapped file into memory of their
     own; returns how many bytes were copied. A no-op where the process's maps cannot be read."""
+    import torch
+
     ranges = _file_mapped_ranges(maps)
     if not ranges:
         return 0
