@@ -288,7 +288,7 @@ class SlotKVCache(Cache):
 def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """Zeros of ``shape``; on CPU in memory mapped for it, which the system zero-fills as it is first
     written (see the module docstring), so only the columns rows have held are resident."""
-    if device.type != "cpu":
+    if device.type != "cpu" or not hasattr(mmap, "MAP_ANONYMOUS"):  # not a POSIX system: plain zeros
         return torch.zeros(shape, dtype=dtype, device=device)
     size = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     if size == 0:
