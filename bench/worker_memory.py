@@ -9,6 +9,8 @@ from a tokenferry worker the KV-cache tokens it holds (``kv_cache_held_tokens`` 
 ``prefix_cache_held_tokens``). It reports:
 
 - ``idle_mb``: resident after the warm-up; ``peak_mb``: the most seen during the level;
+  ``settled_mb``: resident ``SETTLE_S`` after the level (a worker trims freed memory after 2 s
+  idle);
 - ``weights_mb``: the checkpoint's parameters at the dtype; ``kv_mb_at_peak``: the KV the
   worker held at the sample of the peak (running rows and the prefix cache), from the model's
   layers x KV heads x head size;
@@ -45,6 +47,7 @@ from bench.peers.systems import REPOSITORY, Endpoint, SystemSetup, running_syste
 
 MB = 2**20
 GAUGE_EVERY = 10
+SETTLE_S = 4.0
 _HELD = ("tokenferry_worker_kv_cache_held_tokens", "tokenferry_worker_prefix_cache_held_tokens")
 # What a worker imports before it loads a model; its resident size is the runtime's.
 _RUNTIME_PROBE = (
@@ -148,6 +151,7 @@ class MemoryReport:
     output_tokens_per_s: float
     idle_mb: float
     peak_mb: float
+    settled_mb: float
     weights_mb: float
     kv_mb_at_peak: float | None
     runtime_mb: float
@@ -160,6 +164,7 @@ def report(
     *,
     idle: Sample,
     samples: list[Sample],
+    settled: Sample,
     weights: int,
     kv_token_bytes: int,
     runtime: int,
@@ -178,6 +183,7 @@ def report(
         output_tokens_per_s=round(tokens / level.wall_s, 1) if level.wall_s > 0 else 0.0,
         idle_mb=round(idle.rss / MB),
         peak_mb=round(peak.rss / MB),
+        settled_mb=round(settled.rss / MB),
         weights_mb=round(weights / MB),
         kv_mb_at_peak=None if kv is None else round(kv / MB),
         runtime_mb=round(runtime / MB),
@@ -226,10 +232,12 @@ def main(argv: list[str] | None = None) -> None:
                     max_seconds=600,
                 )
             )
+        time.sleep(SETTLE_S)
         result = report(
             endpoint,
             idle=idle,
             samples=sampler.samples,
+            settled=sampler.now(),
             weights=weights,
             kv_token_bytes=kv_bytes_per_token(model_dir, args.dtype),
             runtime=runtime,

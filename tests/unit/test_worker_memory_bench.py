@@ -29,6 +29,7 @@ def test_the_peak_is_set_against_the_weights_and_the_kv_held_at_that_sample() ->
         endpoint,
         idle=Sample(1000 * MB, 0),
         samples=samples,
+        settled=Sample(1100 * MB, 0),
         weights=500 * MB,
         kv_token_bytes=MB // 8,
         runtime=300 * MB,
@@ -36,6 +37,7 @@ def test_the_peak_is_set_against_the_weights_and_the_kv_held_at_that_sample() ->
         concurrency=32,
     )
     assert (result.idle_mb, result.peak_mb, result.kv_mb_at_peak) == (1000, 1500, 250)
+    assert result.settled_mb == 1100
     assert result.peak_over_needed == 2.0  # 1,500 / (500 + 250)
     assert result.above_runtime_over_needed == 1.6  # (1,500 - 300) / 750
 
@@ -47,6 +49,7 @@ def test_without_the_kv_held_no_ratio_is_made_up() -> None:
         endpoint,
         idle=Sample(1000 * MB),
         samples=[Sample(1100 * MB)],
+        settled=Sample(1000 * MB),
         weights=500 * MB,
         kv_token_bytes=1,
         runtime=300 * MB,
