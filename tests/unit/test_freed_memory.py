@@ -9,7 +9,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from worker.model.freed_memory import own_mapped_weights, return_freed_memory
+from worker.model.freed_memory import (
+    Released,
+    _file_maps,
+    _FileMap,
+    release_mapped_weights,
+    return_freed_memory,
+)
 
 
 def _resident_mb() -> float:
@@ -32,29 +38,42 @@ def test_freed_heap_blocks_go_back_to_the_system() -> None:
     assert in_use.raw == bytes(64 * 1024)
 
 
-def test_weights_still_read_from_a_mapped_file_move_into_memory_of_their_own(tmp_path: Path) -> None:
-    # What transformers leaves after loading safetensors: parameters that are views of the mapped file.
-    path = tmp_path / "weights.bin"
-    path.write_bytes(torch.arange(4 * 8, dtype=torch.float32).numpy().tobytes())
-    mapped = torch.from_file(str(path), shared=False, size=4 * 8, dtype=torch.float32).view(4, 8)
-    embedding, head = nn.Embedding(4, 8), nn.Linear(8, 4, bias=False)
+def _mapped_model(path: Path) -> tuple[nn.ModuleDict, nn.Parameter]:
+    """What transformers leaves after loading safetensors: parameters that are views of the mapped file."""
+    path.write_bytes(torch.arange(4 * 1024, dtype=torch.float32).numpy().tobytes())
+    mapped = torch.from_file(str(path), shared=False, size=4 * 1024, dtype=torch.float32).view(4, 1024)
+    embedding, head = nn.Embedding(4, 1024), nn.Linear(1024, 4, bias=False)
     embedding.weight = head.weight = nn.Parameter(mapped, requires_grad=False)  # tied, as a small LM's are
-    model = nn.ModuleDict({"embedding": embedding, "head": head, "norm": nn.LayerNorm(8)})
-    assert _is_file_mapped(head.weight.data_ptr())
-
-    copied = own_mapped_weights(model)
-
-    assert copied == 4 * 8 * 4  # the mapped weight only: the norm's own parameters stay where they are
-    assert not _is_file_mapped(head.weight.data_ptr())
-    assert embedding.weight is head.weight  # still one tied parameter
-    assert torch.equal(head.weight, torch.arange(4 * 8, dtype=torch.float32).view(4, 8))
-    assert own_mapped_weights(model) == 0
+    return nn.ModuleDict({"embedding": embedding, "head": head, "norm": nn.LayerNorm(8)}), head.weight
 
 
-def _is_file_mapped(address: int) -> bool:
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        fields = line.split(maxsplit=5)
-        start, end = (int(part, 16) for part in fields[0].split("-"))
-        if start <= address < end:
-            return len(fields) == 6 and fields[5].startswith("/")
-    return False
+def test_a_map_nothing_wrote_to_drops_its_pages_and_its_weights_stay_readable(tmp_path: Path) -> None:
+    model, weight = _mapped_model(tmp_path / "weights.bin")
+    assert float(weight.sum()) > 0  # read: its pages are resident
+    assert _map_of(weight.data_ptr()).resident_kb == 16
+
+    released = release_mapped_weights(model)
+
+    assert released == Released(left_to_file=16 * 1024, copied=0)
+    assert _map_of(weight.data_ptr()).resident_kb == 0  # nothing resident, the weight still in the file
+    assert torch.equal(weight, torch.arange(4 * 1024, dtype=torch.float32).view(4, 1024))  # read back
+
+
+def test_a_map_written_to_keeps_its_weights_by_copying_them_out(tmp_path: Path) -> None:
+    model, weight = _mapped_model(tmp_path / "weights.bin")
+    with torch.no_grad():
+        weight[0, 0] = -1.0  # changed in place after loading: the file no longer holds it
+    address = weight.data_ptr()
+
+    released = release_mapped_weights(model)
+
+    assert released == Released(left_to_file=0, copied=4 * 1024 * 4)  # the norm's own parameters stay
+    assert _map_of(weight.data_ptr()) is None and weight.data_ptr() != address
+    assert model["embedding"].weight is model["head"].weight  # still one tied parameter
+    expected = torch.arange(4 * 1024, dtype=torch.float32).view(4, 1024)
+    expected[0, 0] = -1.0
+    assert torch.equal(weight, expected)
+
+
+def _map_of(address: int) -> _FileMap | None:
+    return next((vma for vma in _file_maps(Path("/proc/self/smaps")) if vma.start <= address < vma.end), None)

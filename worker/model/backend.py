@@ -64,7 +64,7 @@ def _load_transformers_backend(
     # Imported here so fake-engine workers (tests, load tests) never pay for torch.
     import torch
 
-    from worker.model.freed_memory import own_mapped_weights, return_freed_memory
+    from worker.model.freed_memory import release_mapped_weights, return_freed_memory
     from worker.model.loading import load_model
     from worker.requests.tokenization import HFTokenizer, load_chat_template
 
@@ -75,7 +75,7 @@ def _load_transformers_backend(
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     prepare_model(loaded.model, settings)
-    own_mapped_weights(loaded.model)  # the checkpoint's map, read whole by packing, is unmapped
+    release_mapped_weights(loaded.model)  # the checkpoint's map, read whole by packing, leaves memory
     return_freed_memory()  # what loading and packing copied and freed (~300 MB for SmolLM2 in fp32)
     template = load_chat_template(settings.chat_template) if settings.chat_template else None
     eos = loaded.generation_config.get("eos_token_id")

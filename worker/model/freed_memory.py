@@ -6,9 +6,9 @@ Two kinds, both measured serving SmolLM2-135M in fp32 on a 2-core Xeon (``VmRSS`
   mapped into memory, read as they are touched. Fusing and packing the Linear layers
   (``fused_projections.py``, ``onednn_linear.py``) copy and so read every weight, after which
   the whole map stayed resident (513 MB of file pages) because the embedding and the norms
-  still pointed into it. ``own_mapped_weights`` copies what still does into the worker's own
-  memory, the map is unmapped with its last view, and the loaded worker held 1,012 MB instead
-  of 1,416.
+  still pointed into it. ``release_mapped_weights`` drops its pages (the weights still read
+  from it come back a page at a time, as used): the loaded worker held 903 MB instead of
+  1,416 (1,012 when the embedding was copied out instead).
 - Freed heap. Loading converts tensors and packing copies every weight and frees the original;
   glibc keeps such freed blocks in its heap for reuse rather than return them (about 300 MB
   here). ``return_freed_memory`` (``malloc_trim``) returns them, once the model is ready and
@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -30,25 +31,56 @@ if TYPE_CHECKING:  # torch stays unimported in fake-engine workers, which trim t
 logger = logging.getLogger(__name__)
 
 
-def own_mapped_weights(model: nn.Module, maps: Path = Path("/proc/self/maps")) -> int:
-    """Copy the CPU parameters and buffers that are views of a mapped file into memory of their
-    own; returns how many bytes were copied. A no-op where the process's maps cannot be read."""
+@dataclass(frozen=True)
+class Released:
+    """What ``release_mapped_weights`` did: bytes of weights left to the file, bytes copied out."""
+
+    left_to_file: int = 0
+    copied: int = 0
+
+
+def release_mapped_weights(model: nn.Module, smaps: Path = Path("/proc/self/smaps")) -> Released:
+    """Drop the resident pages of every file map the model's CPU weights still read from, or copy
+    those weights out where a map cannot be dropped. A no-op where the process's maps cannot be read.
+
+    A map whose pages were never written (no anonymous pages in it: what loading leaves) is
+    advised away (``MADV_DONTNEED``): its weights stay where they are, and a page that is read
+    again comes back from the page cache, the file's contents. So only the embedding rows of the
+    tokens in use come back (13 MB here after a few requests, of SmolLM2's 108 MB fp32
+    embedding), and workers on one machine share them. As with transformers' own loading, the
+    file must not be rewritten in place while the worker runs (a download or conversion renames a
+    new file into place, which leaves the mapped one alone). A map that was written to (a weight
+    changed in place after loading) keeps its weights by copying them out, as does a system
+    without ``madvise``.
+    """
     import torch
 
-    ranges = _file_mapped_ranges(maps)
-    if not ranges:
-        return 0
-    copied = 0
+    maps = _file_maps(smaps)
+    if not maps:
+        return Released()
+    readers: dict[_FileMap, list[torch.Tensor]] = {}
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if tensor.device.type == "cpu" and not tensor.is_mkldnn:
+            found = next((vma for vma in maps if vma.start <= tensor.data_ptr() < vma.end), None)
+            if found is not None:
+                readers.setdefault(found, []).append(tensor)
+    left, copied = 0, 0
     with torch.no_grad():
-        for tensor in [*model.parameters(), *model.buffers()]:
-            if tensor.device.type != "cpu" or tensor.is_mkldnn or not _within(tensor.data_ptr(), ranges):
+        for vma, tensors in readers.items():
+            if vma.written_kb == 0 and _advise_dontneed(vma.start, vma.end - vma.start):
+                left += vma.resident_kb * 1024
                 continue
-            # ``.data`` swapped in place: a tied weight (one Parameter in two modules) stays tied.
-            tensor.data = tensor.data.clone()
-            copied += tensor.numel() * tensor.element_size()
-    if copied:
-        logger.info("copied %d MB of weights out of the checkpoint's memory map", copied // 2**20)
-    return copied
+            for tensor in tensors:
+                # ``.data`` swapped in place: a tied weight (one Parameter in two modules) stays tied.
+                tensor.data = tensor.data.clone()
+                copied += tensor.numel() * tensor.element_size()
+    if left or copied:
+        logger.info(
+            "checkpoint map: %d MB of resident pages dropped, %d MB of weights copied out",
+            left // 2**20,
+            copied // 2**20,
+        )
+    return Released(left, copied)
 
 
 def return_freed_memory() -> None:
@@ -64,21 +96,51 @@ def return_freed_memory() -> None:
     trim(0)
 
 
-def _file_mapped_ranges(maps: Path) -> list[tuple[int, int]]:
-    """The address ranges of this process mapped from files (a path after the inode), per ``maps``."""
+@dataclass(frozen=True)
+class _FileMap:
+    start: int
+    end: int
+    resident_kb: int
+    # Pages written through the map: a private map copies a page on its first write, and that copy
+    # is anonymous. (Private_Dirty would also count file pages the page cache has not written back.)
+    written_kb: int
+
+
+def _file_maps(smaps: Path) -> list[_FileMap]:
+    """This process's maps of files (a path after the inode), with their resident and written sizes."""
     try:
-        lines = maps.read_text().splitlines()
+        lines = smaps.read_text().splitlines()
     except OSError:  # not Linux
         return []
-    ranges = []
-    for line in lines:
-        fields = line.split(maxsplit=5)
-        # address perms offset dev inode [path]; anonymous maps have inode 0 and no file path.
-        if len(fields) == 6 and fields[4] != "0" and fields[5].startswith("/"):
-            start, end = fields[0].split("-")
-            ranges.append((int(start, 16), int(end, 16)))
-    return ranges
+    maps: list[_FileMap] = []
+    current: list[int] | None = None  # start, end, resident kB, written kB of the map being read
+    for line in [*lines, "0-0 ---p 0 0:0 0"]:  # a last header flushes the last map
+        fields = line.split()
+        if _is_map_header(fields):
+            if current is not None:
+                maps.append(_FileMap(*current))
+            # address perms offset dev inode [path]; anonymous maps have inode 0 and no file path.
+            is_file = len(fields) >= 6 and fields[4] != "0" and fields[5].startswith("/")
+            current = [int(part, 16) for part in fields[0].split("-")] + [0, 0] if is_file else None
+        elif current is not None and fields and fields[0] in ("Rss:", "Anonymous:"):
+            current[2 if fields[0] == "Rss:" else 3] += int(fields[1])
+    return maps
 
 
-def _within(address: int, ranges: list[tuple[int, int]]) -> bool:
-    return any(start <= address < end for start, end in ranges)
+def _is_map_header(fields: list[str]) -> bool:
+    return bool(fields) and "-" in fields[0] and all(char in "0123456789abcdef-" for char in fields[0])
+
+
+MADV_DONTNEED = 4
+
+
+def _advise_dontneed(start: int, length: int) -> bool:
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        madvise = ctypes.CDLL(name, use_errno=True).madvise
+    except (OSError, AttributeError):
+        return False
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    return int(madvise(start, length, MADV_DONTNEED)) == 0
