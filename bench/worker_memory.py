@@ -26,103 +26,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import subprocess
 import sys
-import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import httpx
-import psutil
-
 from bench import load
+from bench.peers.memory import MB, Sample, Sampler
 from bench.peers.options import OUTPUT_TOKENS
 from bench.peers.runner import WARM_UP_TIMEOUT_S, bundled_model_dir
 from bench.peers.shares import DTYPE_BYTES, parameter_count
 from bench.peers.systems import REPOSITORY, Endpoint, SystemSetup, running_system
 
-MB = 2**20
-GAUGE_EVERY = 10
 SETTLE_S = 4.0
-_HELD = ("tokenferry_worker_kv_cache_held_tokens", "tokenferry_worker_prefix_cache_held_tokens")
 # What a worker imports before it loads a model; its resident size is the runtime's.
 _RUNTIME_PROBE = (
     "import torch, transformers, worker.main, worker.model.backend, worker.engine.hf\n"
     "print(psutil.Process().memory_info().rss)"
 )
-
-
-@dataclass
-class Sample:
-    """One moment: the engine processes' resident bytes, and the KV tokens the worker held."""
-
-    rss: int
-    kv_tokens: int | None = None
-
-
-@dataclass
-class Sampler:
-    """Samples the process tree under ``pid`` on a thread until stopped, and the worker's gauges every
-    ``GAUGE_EVERY``-th sample: a scrape costs the worker's loop milliseconds of Python (at every
-    sample, 20 a second, c=32 fp32 served 208 tok/s instead of ~310), while the KV held changes
-    by a token per row and step. A sample between two scrapes carries the last one's tokens."""
-
-    pid: int
-    metrics_url: str | None
-    interval_s: float
-    samples: list[Sample] = field(default_factory=list)
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def __post_init__(self) -> None:
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def now(self) -> Sample:
-        return Sample(tree_rss(self.pid), held_tokens(self.metrics_url))
-
-    def _run(self) -> None:
-        tokens = held_tokens(self.metrics_url)
-        while not self._stop.wait(self.interval_s):
-            if len(self.samples) % GAUGE_EVERY == GAUGE_EVERY - 1:
-                tokens = held_tokens(self.metrics_url)
-            self.samples.append(Sample(tree_rss(self.pid), tokens))
-
-
-def tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and every descendant (processes gone meanwhile count 0)."""
-    total = 0
-    try:
-        root = psutil.Process(pid)
-        processes = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    for process in processes:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            total += process.memory_info().rss
-    return total
-
-
-def held_tokens(metrics_url: str | None) -> int | None:
-    """The worker's KV-cache tokens held (running rows + prefix cache); None where not exported."""
-    if metrics_url is None:
-        return None
-    try:
-        text = httpx.get(metrics_url, timeout=5).text
-    except httpx.HTTPError:
-        return None
-    found = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(_HELD)]
-    return int(sum(found)) if found else None
 
 
 def kv_bytes_per_token(model_dir: Path, dtype: str) -> int:

@@ -73,7 +73,8 @@ def _percent(value: float | None) -> str:
 
 _LEVEL_HEADER = (
     "system", "dtype", "workload", "tok/s", "x vLLM", "TTFT p50 ms", "TTFT p99 ms", "TTFT x vLLM",
-    "TPOT p50 ms", "TPOT p99 ms", "GFLOP/s", "of linear", "weights GB/s", "of copy", "loop", "errors",
+    "TPOT p50 ms", "TPOT p99 ms", "GFLOP/s", "of linear", "weights GB/s", "of copy", "loop",
+    "engine MB", "errors",
 )  # fmt: skip
 
 
@@ -89,7 +90,8 @@ def _level_row(line: Mapping[str, Any]) -> list[str]:
         line["system"], line["dtype"], _workload(line), *(_cell(line.get(key)) for key in keys),
         *(_cell(line.get(key)) for key in keys2), _percent(line.get("share_of_linear")),
         _cell(line.get("weights_gb_s")), _percent(line.get("share_of_copy")),
-        _loop_percent(line.get("loop_share")), _cell(line.get("errors")),
+        _loop_percent(line.get("loop_share")), _cell(line.get("engine_rss_peak_mb")),
+        _cell(line.get("errors")),
     ]  # fmt: skip
 
 
@@ -111,7 +113,7 @@ def levels_table(lines: Sequence[Mapping[str, Any]]) -> list[str]:
             rows.append(_level_row(line))
         elif line["kind"] == "peers_error":
             first = str(line["error"]).splitlines()[0] if line["error"] else ""
-            rows.append([line["system"], line["dtype"], f"failed: {first[:120]}", *["-"] * 13])
+            rows.append([line["system"], line["dtype"], f"failed: {first[:120]}", *["-"] * 14])
     return _markdown(_LEVEL_HEADER, rows)
 
 

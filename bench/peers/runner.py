@@ -25,12 +25,14 @@ from typing import Any
 from bench import load
 from bench.peers import loop_time, report, workloads
 from bench.peers.machine import MachineLimits, measure_limits
+from bench.peers.memory import Sampler, peak_mb
 from bench.peers.options import OUTPUT_TOKENS, PeersOptions, estimate_s, parse_options, requests_at
 from bench.peers.shares import machine_shares, parameter_count
 from bench.peers.systems import REPOSITORY, Endpoint, SystemSetup, SystemStartError, running_system
 from bench.stats import summarize_level
 
 WARM_UP_TIMEOUT_S = 300.0
+MEMORY_INTERVAL_S = 0.1
 LOG_TAIL_CHARS = 4000
 
 
@@ -111,17 +113,19 @@ async def _chat_levels(run: Run, endpoint: Endpoint) -> None:
         requests = requests_at(concurrency)
         report.note(f"{endpoint.system} {endpoint.dtype}: {requests} chat requests at c={concurrency}")
         before = await loop_time.read(endpoint.worker_metrics_url)
-        level = await load.run_level(
-            endpoint.base_url,
-            endpoint.model,
-            concurrency=concurrency,
-            requests=requests,
-            max_tokens=OUTPUT_TOKENS,
-            max_seconds=run.options.max_seconds_per_level,
-            first_prompt=run.options.first_prompt(concurrency),
-        )
+        with _engine_memory(endpoint) as memory:
+            level = await load.run_level(
+                endpoint.base_url,
+                endpoint.model,
+                concurrency=concurrency,
+                requests=requests,
+                max_tokens=OUTPUT_TOKENS,
+                max_seconds=run.options.max_seconds_per_level,
+                first_prompt=run.options.first_prompt(concurrency),
+            )
         fields = _level_fields(endpoint, "chat", concurrency) | {"output_tokens_per_request": OUTPUT_TOKENS}
         fields |= loop_time.share(before, await loop_time.read(endpoint.worker_metrics_url))
+        fields["engine_rss_peak_mb"] = peak_mb(memory.samples)
         _record_level(run, fields, level, OUTPUT_TOKENS)
 
 
@@ -129,15 +133,16 @@ async def _long_level(run: Run, endpoint: Endpoint) -> None:
     concurrency, requests = run.options.long_concurrency, len(run.long)
     report.note(f"{endpoint.system} {endpoint.dtype}: {requests} long-prompt requests at c={concurrency}")
     before = await loop_time.read(endpoint.worker_metrics_url)
-    level = await load.run_level(
-        endpoint.base_url,
-        endpoint.model,
-        concurrency=concurrency,
-        requests=requests,
-        max_tokens=max(request.max_tokens for request in run.long),
-        max_seconds=run.options.max_seconds_per_level,
-        extra_body=workloads.long_body(run.long),
-    )
+    with _engine_memory(endpoint) as memory:
+        level = await load.run_level(
+            endpoint.base_url,
+            endpoint.model,
+            concurrency=concurrency,
+            requests=requests,
+            max_tokens=max(request.max_tokens for request in run.long),
+            max_seconds=run.options.max_seconds_per_level,
+            extra_body=workloads.long_body(run.long),
+        )
     short = sum(
         record.error is None and not record.truncated and record.tokens < run.long[record.index].max_tokens
         for record in level.records
@@ -147,9 +152,16 @@ async def _long_level(run: Run, endpoint: Endpoint) -> None:
         "forced_output_tokens": sum(request.max_tokens for request in run.long),
     }
     fields |= loop_time.share(before, await loop_time.read(endpoint.worker_metrics_url))
+    fields["engine_rss_peak_mb"] = peak_mb(memory.samples)
     # Short against each request's own length, not one length for all.
     corrections = {"short_requests": short}
     _record_level(run, fields, level, 0, processed_tokens=fields["prompt_tokens"], corrections=corrections)
+
+
+def _engine_memory(endpoint: Endpoint) -> Sampler:
+    """Samples the engine process's resident memory through a level (no gauges: a scrape costs
+    the worker's loop), every ``MEMORY_INTERVAL_S``; without a process to read, samples nothing."""
+    return Sampler(endpoint.engine_pid or 0, None, MEMORY_INTERVAL_S, enabled=endpoint.engine_pid is not None)
 
 
 async def _measure(run: Run, endpoint: Endpoint) -> None:

@@ -139,15 +139,15 @@ def test_the_table_has_a_row_per_level_and_per_failed_system() -> None:
         "output_tokens_per_s": 167.25, "vs_vllm_tokens_per_s": 0.66, "ttft_ms_p50": 80.0,
         "ttft_ms_p99": 140.0, "vs_vllm_ttft_p50": 1.2, "tpot_ms_p50": 45.0, "tpot_ms_p99": 60.0,
         "model_gflops": 45.0, "share_of_linear": 0.225, "weights_gb_s": 11.2, "share_of_copy": 0.16,
-        "loop_share": 0.0434, "errors": 0,
+        "loop_share": 0.0434, "engine_rss_peak_mb": 1511, "errors": 0,
     }  # fmt: skip
     failed = {"kind": "peers_error", "system": "vllm-engine", "dtype": "float32", "error": "exited: no vllm"}
     lines = report.levels_table([{"kind": "peers_run"}, level, failed])
     assert len(lines) == 4
-    assert all(line.count("|") == 17 for line in lines)
+    assert all(line.count("|") == 18 for line in lines)
     assert lines[2] == (
         "| native | float32 | chat c=8 | 167 | 0.66 | 80.0 | 140 | 1.20 | 45.0 | 60.0 | 45.0 | 22 % "
-        "| 11.2 | 16 % | 4.3 % | 0 |"
+        "| 11.2 | 16 % | 4.3 % | 1511 | 0 |"
     )
     assert lines[3].startswith("| vllm-engine | float32 | failed: exited: no vllm | - |")
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from bench.load import LevelRun
+from bench.peers.memory import MB, Sample, Sampler, peak_mb, tree_rss
 from bench.peers.systems import Endpoint
-from bench.worker_memory import MB, Sample, kv_bytes_per_token, report, tree_rss
+from bench.worker_memory import kv_bytes_per_token, report
 
 
 def test_a_tokens_kv_is_layers_times_keys_and_values_of_every_kv_head(tmp_path: Path) -> None:
@@ -62,3 +64,13 @@ def test_without_the_kv_held_no_ratio_is_made_up() -> None:
 def test_a_process_trees_resident_memory_counts_this_process() -> None:
     assert tree_rss(os.getpid()) > 10 * MB
     assert tree_rss(2**22 + 12345) == 0  # no such process
+
+
+def test_a_sampler_reads_a_process_until_stopped_and_a_disabled_one_reads_nothing() -> None:
+    with Sampler(os.getpid(), None, 0.01) as sampler:
+        time.sleep(0.1)
+    assert len(sampler.samples) >= 3 and all(sample.kv_tokens is None for sample in sampler.samples)
+    assert (peak_mb(sampler.samples) or 0) > 10
+    with Sampler(0, None, 0.01, enabled=False) as idle:
+        time.sleep(0.05)
+    assert idle.samples == [] and peak_mb(idle.samples) is None
