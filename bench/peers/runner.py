@@ -112,37 +112,30 @@ async def _chat_levels(run: Run, endpoint: Endpoint) -> None:
     for concurrency in run.options.levels:
         requests = requests_at(concurrency)
         report.note(f"{endpoint.system} {endpoint.dtype}: {requests} chat requests at c={concurrency}")
-        before = await loop_time.read(endpoint.worker_metrics_url)
-        with _engine_memory(endpoint) as memory:
-            level = await load.run_level(
-                endpoint.base_url,
-                endpoint.model,
-                concurrency=concurrency,
-                requests=requests,
-                max_tokens=OUTPUT_TOKENS,
-                max_seconds=run.options.max_seconds_per_level,
-                first_prompt=run.options.first_prompt(concurrency),
-            )
+        level, worker_fields = await _run_observed(
+            endpoint,
+            concurrency=concurrency,
+            requests=requests,
+            max_tokens=OUTPUT_TOKENS,
+            max_seconds=run.options.max_seconds_per_level,
+            first_prompt=run.options.first_prompt(concurrency),
+        )
         fields = _level_fields(endpoint, "chat", concurrency) | {"output_tokens_per_request": OUTPUT_TOKENS}
-        fields |= loop_time.share(before, await loop_time.read(endpoint.worker_metrics_url))
-        fields["engine_rss_peak_mb"] = peak_mb(memory.samples)
+        fields |= worker_fields
         _record_level(run, fields, level, OUTPUT_TOKENS)
 
 
 async def _long_level(run: Run, endpoint: Endpoint) -> None:
     concurrency, requests = run.options.long_concurrency, len(run.long)
     report.note(f"{endpoint.system} {endpoint.dtype}: {requests} long-prompt requests at c={concurrency}")
-    before = await loop_time.read(endpoint.worker_metrics_url)
-    with _engine_memory(endpoint) as memory:
-        level = await load.run_level(
-            endpoint.base_url,
-            endpoint.model,
-            concurrency=concurrency,
-            requests=requests,
-            max_tokens=max(request.max_tokens for request in run.long),
-            max_seconds=run.options.max_seconds_per_level,
-            extra_body=workloads.long_body(run.long),
-        )
+    level, worker_fields = await _run_observed(
+        endpoint,
+        concurrency=concurrency,
+        requests=requests,
+        max_tokens=max(request.max_tokens for request in run.long),
+        max_seconds=run.options.max_seconds_per_level,
+        extra_body=workloads.long_body(run.long),
+    )
     short = sum(
         record.error is None and not record.truncated and record.tokens < run.long[record.index].max_tokens
         for record in level.records
@@ -151,17 +144,22 @@ async def _long_level(run: Run, endpoint: Endpoint) -> None:
         "prompt_tokens": sum(request.prompt_tokens for request in run.long),
         "forced_output_tokens": sum(request.max_tokens for request in run.long),
     }
-    fields |= loop_time.share(before, await loop_time.read(endpoint.worker_metrics_url))
-    fields["engine_rss_peak_mb"] = peak_mb(memory.samples)
+    fields |= worker_fields
     # Short against each request's own length, not one length for all.
     corrections = {"short_requests": short}
     _record_level(run, fields, level, 0, processed_tokens=fields["prompt_tokens"], corrections=corrections)
 
 
-def _engine_memory(endpoint: Endpoint) -> Sampler:
-    """Samples the engine process's resident memory through a level (no gauges: a scrape costs
-    the worker's loop), every ``MEMORY_INTERVAL_S``; without a process to read, samples nothing."""
-    return Sampler(endpoint.engine_pid or 0, None, MEMORY_INTERVAL_S, enabled=endpoint.engine_pid is not None)
+async def _run_observed(endpoint: Endpoint, **level: Any) -> tuple[load.LevelRun, dict[str, Any]]:
+    """One level (``load.run_level``'s arguments), and what the engine's side showed meanwhile: the
+    worker loop's share (``loop_time``) and the engine process's peak resident memory, sampled
+    every ``MEMORY_INTERVAL_S`` (no gauges: a scrape costs the worker's loop)."""
+    before = await loop_time.read(endpoint.worker_metrics_url)
+    pid = endpoint.engine_pid
+    with Sampler(pid or 0, None, MEMORY_INTERVAL_S, enabled=pid is not None) as memory:
+        observed = await load.run_level(endpoint.base_url, endpoint.model, **level)
+    fields = loop_time.share(before, await loop_time.read(endpoint.worker_metrics_url))
+    return observed, fields | {"engine_rss_peak_mb": peak_mb(memory.samples)}
 
 
 async def _measure(run: Run, endpoint: Endpoint) -> None:

@@ -3,8 +3,6 @@ and its decode attention computes what sdpa does."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from transformers import (
@@ -20,6 +18,7 @@ from transformers import (
 )
 
 from tests.engines import _tiny_config, batched_engine, request, run_to_end, sdpa_reference, tiny_llama
+from tests.unit.test_freed_memory import _resident_mb
 from worker.engine.decode_attention import ATTENTION_NAME, KERNEL_ATTENTION_NAME, decode_attention_forward
 from worker.engine.kv_cache import PaddedKVCache
 from worker.engine.sequential import SequentialEngine
@@ -122,13 +121,6 @@ def test_joining_unpadded_rows_after_others_keeps_every_row() -> None:
     assert slots.lengths == [2, 3, 4, 4]
     for row, (batch, batch_row) in enumerate([(padded, 0), (padded, 1), (unpadded, 0), (unpadded, 1)]):
         _assert_rows_equal(slots, row, batch, batch_row)
-
-
-def _resident_mb() -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
 
 
 def test_storage_is_resident_for_the_columns_rows_hold_not_its_capacity() -> None:

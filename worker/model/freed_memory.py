@@ -11,15 +11,17 @@ Two kinds, both measured serving SmolLM2-135M in fp32 on a 2-core Xeon (``VmRSS`
   1,416 (1,012 when the embedding was copied out instead).
 - Freed heap. Loading converts tensors and packing copies every weight and frees the original;
   glibc keeps such freed blocks in its heap for reuse rather than return them (about 300 MB
-  here). ``return_freed_memory`` (``malloc_trim``) returns them, once the model is ready and
+  here). ``return_freed_memory`` (``malloc_trim``) returns them, once the model is ready,
   again after the warm-up (building the grammar compiler's vocabulary tables and the first
-  forward left another ~30 MB freed in bf16).
+  forward left another ~30 MB freed in bf16), and after each idle spell
+  (``EngineDriver._wait_for_work``).
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,12 +87,8 @@ def release_mapped_weights(model: nn.Module, smaps: Path = Path("/proc/self/smap
 
 def return_freed_memory() -> None:
     """Ask the C allocator to return free heap memory; a no-op where it is not glibc."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    try:
-        trim = ctypes.CDLL(name).malloc_trim
-    except (OSError, AttributeError):
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is None:
         return  # not glibc (musl, macOS): nothing to trim
     trim.argtypes = [ctypes.c_size_t]
     trim(0)
@@ -135,12 +133,20 @@ MADV_DONTNEED = 4
 
 
 def _advise_dontneed(start: int, length: int) -> bool:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    try:
-        madvise = ctypes.CDLL(name, use_errno=True).madvise
-    except (OSError, AttributeError):
+    madvise = getattr(_libc(), "madvise", None)
+    if madvise is None:
         return False
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     return int(madvise(start, length, MADV_DONTNEED)) == 0
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, looked up once (``find_library`` reads the loader's cache: ~1.5 ms)."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return None
+    try:
+        return ctypes.CDLL(name)
+    except OSError:
+        return None
