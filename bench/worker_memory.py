@@ -44,7 +44,7 @@ from bench.peers.systems import REPOSITORY, Endpoint, SystemSetup, running_syste
 SETTLE_S = 4.0
 # What a worker imports before it loads a model; its resident size is the runtime's.
 _RUNTIME_PROBE = (
-    "import torch, transformers, worker.main, worker.model.backend, worker.engine.hf\n"
+    "import psutil, torch, transformers, worker.main, worker.model.backend, worker.engine.hf\n"
     "print(psutil.Process().memory_info().rss)"
 )
 
@@ -59,9 +59,13 @@ def kv_bytes_per_token(model_dir: Path, dtype: str) -> int:
 
 def runtime_bytes(python: str) -> int:
     """Resident bytes of a process that imported what a worker imports, and loaded no model."""
-    probe = f"import psutil\n{_RUNTIME_PROBE}"
     output = subprocess.run(
-        [python, "-c", probe], cwd=REPOSITORY, capture_output=True, text=True, check=True, timeout=300
+        [python, "-c", _RUNTIME_PROBE],
+        cwd=REPOSITORY,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
     ).stdout
     return int(output.split()[-1])
 
