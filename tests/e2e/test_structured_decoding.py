@@ -385,14 +385,15 @@ def test_logprobs_of_constrained_tokens_are_the_models_raw_ones_not_the_masked_d
     engine.close()
 
 
-def test_a_workers_backend_warms_its_grammars_up_and_the_per_sequence_engine_refuses_constraints(
+def test_a_workers_backend_warms_its_grammars_up_when_asked_and_the_per_sequence_engine_refuses_constraints(
     tokenizer: HFTokenizer,
 ) -> None:
     from worker.model.backend import load_backend
     from worker.model.warmup import warm_up
 
     compiled: list[float] = []
-    backend = load_backend(WorkerSettings(), on_grammar_compile=compiled.append)
+    settings = WorkerSettings(grammar_tables_at_start=True)
+    backend = load_backend(settings, on_grammar_compile=compiled.append)
     assert backend.grammars is not None
     warm_up(backend)  # a constrained generation: the grammar's compile and first masks are paid here
     assert len(compiled) == 1 and backend.grammars.compiles == 1
@@ -403,3 +404,16 @@ def test_a_workers_backend_warms_its_grammars_up_and_the_per_sequence_engine_ref
     with pytest.raises(InvalidRequest, match="batched engine") as refused:
         prepared(job("s", "hi", RegexConstraint(pattern="[a-z]{3}")), tokenizer, sequential.grammars)
     assert refused.value.param == "structured_outputs.regex"
+
+
+def test_the_vocabulary_tables_are_built_by_the_first_constrained_job_unless_asked_at_start(
+    loaded: LoadedModel, tokenizer: HFTokenizer
+) -> None:
+    vocab = int(loaded.model.config.vocab_size)
+    lazy = GrammarCompiler.for_hf_tokenizer(loaded.tokenizer, vocab, tokenizer.eos_token_ids)
+    assert lazy.warm_up() is None and lazy.compiles == 0  # nothing built: a worker's warm-up runs free text
+    first = prepared(job("a", "hi", RegexConstraint(pattern="[a-z]{3}")), tokenizer, lazy)
+    assert first.grammar is not None and lazy.compiles == 1  # built here, then compiled
+    assert lazy.warm_up() is not None  # from now on as if built at start
+    eager = GrammarCompiler.for_hf_tokenizer(loaded.tokenizer, vocab, tokenizer.eos_token_ids, at_start=True)
+    assert eager.warm_up() is not None and eager.compiles == 1

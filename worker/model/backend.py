@@ -64,6 +64,7 @@ def _load_transformers_backend(
     # Imported here so fake-engine workers (tests, load tests) never pay for torch.
     import torch
 
+    from worker.model.file_embedding import read_embedding_from_checkpoint
     from worker.model.freed_memory import release_mapped_weights, return_freed_memory
     from worker.model.loading import load_model
     from worker.requests.tokenization import HFTokenizer, load_chat_template
@@ -75,6 +76,8 @@ def _load_transformers_backend(
     if settings.torch_threads:
         torch.set_num_threads(settings.torch_threads)
     prepare_model(loaded.model, settings)
+    # After packing, which gave the LM head a copy of its own: the embedding is the lookup's alone.
+    read_embedding_from_checkpoint(loaded.model, loaded.checkpoint)
     release_mapped_weights(loaded.model)  # the checkpoint's map, read whole by packing, leaves memory
     return_freed_memory()  # what loading and packing copied and freed (~300 MB for SmolLM2 in fp32)
     template = load_chat_template(settings.chat_template) if settings.chat_template else None
@@ -84,7 +87,7 @@ def _load_transformers_backend(
     engine = _build_engine(loaded.model, settings)
     vocab_size = int(loaded.model.config.vocab_size)
     grammars = _grammar_compiler(
-        engine, loaded.tokenizer, vocab_size, tokenizer.eos_token_ids, on_grammar_compile
+        engine, loaded.tokenizer, vocab_size, tokenizer.eos_token_ids, on_grammar_compile, settings
     )
     return Backend(engine, tokenizer, loaded.generation_config, loaded.max_model_len, vocab_size, grammars)
 
@@ -114,6 +117,7 @@ def _grammar_compiler(
     vocab_size: int,
     eos_token_ids: frozenset[int],
     on_compile: Callable[[float], None] | None,
+    settings: WorkerSettings,
 ) -> GrammarCompiler:
     """The batched engine's compiler; any other engine refuses constrained jobs rather than ignore them."""
     from worker.engine.hf import TransformersEngine
@@ -122,7 +126,9 @@ def _grammar_compiler(
         return GrammarCompiler.unavailable_because(
             "structured outputs need the batched engine (not --disable-kv-cache or a static cache)"
         )
-    return GrammarCompiler.for_hf_tokenizer(hf_tokenizer, vocab_size, eos_token_ids, on_compile)
+    return GrammarCompiler.for_hf_tokenizer(
+        hf_tokenizer, vocab_size, eos_token_ids, on_compile, settings.grammar_tables_at_start
+    )
 
 
 def _build_engine(model: Any, settings: WorkerSettings) -> Engine:

@@ -40,6 +40,8 @@ class LoadedModel:
     generation_config: dict[str, Any]  # only the fields the model's config sets explicitly
     max_model_len: int
     device: torch.device
+    # The directory of the files loaded (a hub id's cached snapshot); None where it cannot be told.
+    checkpoint: Path | None = None
 
 
 def pick_device(requested: str) -> torch.device:
@@ -146,7 +148,18 @@ def load_model(settings: WorkerSettings) -> LoadedModel:
         generation_config=model.generation_config.to_diff_dict() if model.generation_config else {},
         max_model_len=settings.max_model_len or _context_window(model, tokenizer),
         device=device,
+        checkpoint=_checkpoint_dir(location, source.is_hub_id, settings.revision),
     )
+
+
+def _checkpoint_dir(location: str, is_hub_id: bool, revision: str | None) -> Path | None:
+    """Where the loaded files lie: the directory itself, or a hub id's snapshot in the local cache."""
+    if not is_hub_id:
+        return Path(location)
+    from huggingface_hub import try_to_load_from_cache
+
+    config = try_to_load_from_cache(location, "config.json", revision=revision)
+    return Path(config).parent if isinstance(config, str) else None
 
 
 def _context_window(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> int:

@@ -104,7 +104,11 @@ def load_vllm_backend(
     cache_config = engine.vllm_config.cache_config
     kv_tokens = int((cache_config.num_gpu_blocks or 0) * cache_config.block_size)
     grammars = GrammarCompiler.for_hf_tokenizer(
-        hf_tokenizer, vocab_size, tokenizer.eos_token_ids, on_grammar_compile
+        hf_tokenizer,
+        vocab_size,
+        tokenizer.eos_token_ids,
+        on_grammar_compile,
+        settings.grammar_tables_at_start,
     )
     logger.info(
         "vLLM engine up for %s (%s) in %.0f s", settings.model, model_config.dtype, time.monotonic() - started
