@@ -71,6 +71,16 @@ def test_a_converted_embedding_reads_its_rows_from_the_checkpoint_and_answers_th
     assert torch.equal(_logits(model), before)  # read back from the file
 
 
+def test_a_sharded_checkpoint_is_read_through_its_index(checkpoint: Path, tmp_path: Path) -> None:
+    model = _loaded(checkpoint, torch.float32)
+    model.save_pretrained(tmp_path, max_shard_size="1MB")  # the 4 MB embedding in a shard of its own
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    served = _loaded(tmp_path, torch.bfloat16)
+    before = _logits(served)
+    assert read_embedding_from_checkpoint(served, tmp_path)
+    assert torch.equal(_logits(served), before)
+
+
 def test_an_embedding_the_lm_head_still_shares_is_kept(checkpoint: Path) -> None:
     model = _loaded(checkpoint, torch.bfloat16, untie=False)
     assert not read_embedding_from_checkpoint(model, checkpoint)

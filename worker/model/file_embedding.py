@@ -60,8 +60,13 @@ def read_embedding_from_checkpoint(model: nn.Module, checkpoint: Path | None) ->
 
     ``checkpoint``: the directory the model loaded from (None: not known, nothing done).
     """
-    embedding = model.get_input_embeddings()  # type: ignore[operator]
-    if checkpoint is None or type(embedding) is not nn.Embedding or embedding.max_norm is not None:
+    if checkpoint is None:
+        return False
+    try:
+        embedding = model.get_input_embeddings()  # type: ignore[operator]
+    except (NotImplementedError, AttributeError):  # a remote-code model that does not say
+        return False
+    if type(embedding) is not nn.Embedding or embedding.max_norm is not None:
         return False
     weight = embedding.weight
     if weight.device.type != "cpu" or _shared(model, weight):
