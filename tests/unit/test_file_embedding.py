@@ -104,6 +104,8 @@ def test_no_checkpoint_file_changes_nothing(checkpoint: Path, tmp_path: Path) ->
     model = _loaded(checkpoint, torch.bfloat16)
     assert not read_embedding_from_checkpoint(model, None)
     assert not read_embedding_from_checkpoint(model, tmp_path)  # no safetensors there
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    assert not read_embedding_from_checkpoint(model, tmp_path)  # unreadable: kept, no error
     assert type(model.get_input_embeddings()) is nn.Embedding
 
 

@@ -72,7 +72,11 @@ def read_embedding_from_checkpoint(model: nn.Module, checkpoint: Path | None) ->
     if weight.device.type != "cpu" or _shared(model, weight):
         return False
     name = next((key for key, value in model.named_parameters() if value is weight), None)
-    rows = None if name is None else _mapped_tensor(checkpoint, name)
+    try:
+        rows = None if name is None else _mapped_tensor(checkpoint, name)
+    except (OSError, ValueError, KeyError, struct.error):  # unreadable: the model keeps its copy
+        logger.info("cannot map the checkpoint's %s: the embedding stays in memory", name, exc_info=True)
+        return False
     if rows is None or rows.dtype == weight.dtype or rows.shape != weight.shape:
         return False  # not found, or loading kept the file's dtype (its rows are already the map's)
     if not _same_after_cast(rows, weight):
