@@ -11,8 +11,9 @@ import torch
 from torch import nn
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tests.unit.test_freed_memory import _map_of
 from worker.model.file_embedding import CheckpointEmbedding, read_embedding_from_checkpoint
-from worker.model.freed_memory import _file_maps, _FileMap, release_mapped_weights
+from worker.model.freed_memory import release_mapped_weights
 
 VOCAB, HIDDEN = 4096, 256  # a 4 MB fp32 embedding: enough pages to see them leave
 
@@ -107,7 +108,3 @@ def test_no_checkpoint_file_changes_nothing(checkpoint: Path, tmp_path: Path) ->
     (tmp_path / "model.safetensors").write_bytes(b"garbage")
     assert not read_embedding_from_checkpoint(model, tmp_path)  # unreadable: kept, no error
     assert type(model.get_input_embeddings()) is nn.Embedding
-
-
-def _map_of(address: int) -> _FileMap | None:
-    return next((vma for vma in _file_maps(Path("/proc/self/smaps")) if vma.start <= address < vma.end), None)

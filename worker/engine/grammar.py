@@ -108,7 +108,7 @@ class GrammarCompiler:
         )
         if at_start:
             with contextlib.suppress(InvalidRequest):  # built, or why not kept for constrained jobs
-                compiler.tokenizer_or_refusal("warm-up")
+                compiler._tokenizer_or_refusal("warm-up")
         return compiler
 
     @classmethod
@@ -116,7 +116,7 @@ class GrammarCompiler:
         """A compiler refusing every grammar with ``reason``: this worker cannot enforce any."""
         return cls(None, unavailable=reason)
 
-    def tokenizer_or_refusal(self, param: str) -> llguidance.LLTokenizer:
+    def _tokenizer_or_refusal(self, param: str) -> llguidance.LLTokenizer:
         """The vocabulary's tokenizer, built the first time; ``InvalidRequest`` naming ``param`` where
         this worker cannot enforce grammars."""
         if self._tokenizer is None and self._build_tokenizer is not None:
@@ -132,7 +132,7 @@ class GrammarCompiler:
 
     def compile(self, text: str, param: str) -> CompiledGrammar:
         """``text`` compiled (or from the cache); ``InvalidRequest`` naming ``param`` if it cannot be."""
-        tokenizer = self.tokenizer_or_refusal(param)
+        tokenizer = self._tokenizer_or_refusal(param)
         with self._lock:
             cached = self._cache.get(text)
             if cached is not None:

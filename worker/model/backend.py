@@ -87,7 +87,12 @@ def _load_transformers_backend(
     engine = _build_engine(loaded.model, settings)
     vocab_size = int(loaded.model.config.vocab_size)
     grammars = _grammar_compiler(
-        engine, loaded.tokenizer, vocab_size, tokenizer.eos_token_ids, on_grammar_compile, settings
+        engine,
+        loaded.tokenizer,
+        vocab_size,
+        tokenizer.eos_token_ids,
+        on_grammar_compile,
+        settings.grammar_tables_at_start,
     )
     return Backend(engine, tokenizer, loaded.generation_config, loaded.max_model_len, vocab_size, grammars)
 
@@ -117,7 +122,7 @@ def _grammar_compiler(
     vocab_size: int,
     eos_token_ids: frozenset[int],
     on_compile: Callable[[float], None] | None,
-    settings: WorkerSettings,
+    tables_at_start: bool,
 ) -> GrammarCompiler:
     """The batched engine's compiler; any other engine refuses constrained jobs rather than ignore them."""
     from worker.engine.hf import TransformersEngine
@@ -127,7 +132,7 @@ def _grammar_compiler(
             "structured outputs need the batched engine (not --disable-kv-cache or a static cache)"
         )
     return GrammarCompiler.for_hf_tokenizer(
-        hf_tokenizer, vocab_size, eos_token_ids, on_compile, settings.grammar_tables_at_start
+        hf_tokenizer, vocab_size, eos_token_ids, on_compile, tables_at_start
     )
 
 
