@@ -55,11 +55,12 @@ class GatedEngine(FakeEngine):
 
 
 class Preparation:
-    """Stands in for ``JobLifecycle``: every job runs one short choice of a fixed prompt
-    (none for a job named ``refused``: the fake engine refuses that one)."""
+    """Stands in for ``JobLifecycle``: every job runs one choice of ``tokens`` tokens of a fixed
+    prompt (none for a job named ``refused``: the fake engine refuses that one)."""
 
-    def __init__(self) -> None:
+    def __init__(self, tokens: int = 3) -> None:
         self.started: dict[str, asyncio.Event] = {}
+        self.tokens = tokens  # each choice's max_new_tokens
 
     def owner(self, job: GenerationJob) -> str:
         return "owner"
@@ -69,7 +70,7 @@ class Preparation:
         await asyncio.wait_for(self.started.setdefault(request_id, asyncio.Event()).wait(), WAIT_S)
 
     async def start(self, job: GenerationJob) -> StartedJob:
-        max_new_tokens = 0 if job.request_id == "refused" else 3
+        max_new_tokens = 0 if job.request_id == "refused" else self.tokens
         request = EngineRequest(job.request_id, (72, 105), SamplingParams(), max_new_tokens, frozenset())
         choices = RequestChoices.start(ByteTokenizer(), (request,), ())
         self.started.setdefault(job.request_id, asyncio.Event()).set()

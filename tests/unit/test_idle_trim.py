@@ -13,14 +13,11 @@ from typing import cast
 import pytest
 
 from shared.jobs.streams import EventWriter
-from shared.protocol import GenerationJob
 from tests.unit.test_concurrent_admission import WAIT_S, Events, Preparation, _job
 from worker.driver import engine_driver
 from worker.driver.engine_driver import DriverTuning, EngineDriver
-from worker.driver.lifecycle import JobLifecycle, StartedJob
-from worker.engine import EngineRequest, SamplingParams
-from worker.engine.fake import ByteTokenizer, FakeEngine
-from worker.requests.choices import RequestChoices
+from worker.driver.lifecycle import JobLifecycle
+from worker.engine.fake import FakeEngine
 
 IDLE_S = 0.2
 
@@ -60,17 +57,6 @@ async def test_the_freed_memory_goes_back_once_after_an_idle_spell(monkeypatch: 
         driver.close()
 
 
-class LongPreparation(Preparation):
-    """Every job runs ``TOKENS`` tokens of one choice."""
-
-    TOKENS = 20
-
-    async def start(self, job: GenerationJob) -> StartedJob:
-        request = EngineRequest(job.request_id, (72, 105), SamplingParams(), self.TOKENS, frozenset())
-        choices = RequestChoices.start(ByteTokenizer(), (request,), ())
-        return StartedJob(job, choices, (job.request_id,), (request,), prompt_tokens=2)
-
-
 async def test_while_the_engine_runs_its_freed_memory_goes_back_at_most_once_an_interval(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -84,7 +70,7 @@ async def test_while_the_engine_runs_its_freed_memory_goes_back_at_most_once_an_
     engine = FakeEngine("some text", step_delay_s=step_s, max_batch_size=8)
     tuning = DriverTuning(idle_trim_s=None, busy_trim_s=every_s)
     driver = EngineDriver(
-        engine, cast(JobLifecycle, LongPreparation()), cast(EventWriter, Events()), "m", tuning=tuning
+        engine, cast(JobLifecycle, Preparation(tokens=20)), cast(EventWriter, Events()), "m", tuning=tuning
     )
     serving = asyncio.create_task(driver.serve())
     try:
