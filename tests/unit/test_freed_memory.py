@@ -38,25 +38,37 @@ def test_freed_heap_blocks_go_back_to_the_system() -> None:
     assert in_use.raw == bytes(64 * 1024)
 
 
+ROWS = 256  # a 1 MiB weight: large enough to be left to the file
+
+
 def _mapped_model(path: Path) -> tuple[nn.ModuleDict, nn.Parameter]:
-    """What transformers leaves after loading safetensors: parameters that are views of the mapped file."""
-    path.write_bytes(torch.arange(4 * 1024, dtype=torch.float32).numpy().tobytes())
-    mapped = torch.from_file(str(path), shared=False, size=4 * 1024, dtype=torch.float32).view(4, 1024)
-    embedding, head = nn.Embedding(4, 1024), nn.Linear(1024, 4, bias=False)
-    embedding.weight = head.weight = nn.Parameter(mapped, requires_grad=False)  # tied, as a small LM's are
-    return nn.ModuleDict({"embedding": embedding, "head": head, "norm": nn.LayerNorm(8)}), head.weight
+    """What transformers leaves after loading safetensors: parameters that are views of the mapped
+    file, here a tied 1 MiB embedding and a 4 kB norm."""
+    values = ROWS * 1024 + 1024
+    path.write_bytes(torch.arange(values, dtype=torch.float32).numpy().tobytes())
+    mapped = torch.from_file(str(path), shared=False, size=values, dtype=torch.float32)
+    embedding, head = nn.Embedding(ROWS, 1024), nn.Linear(1024, ROWS, bias=False)
+    weight = nn.Parameter(mapped[: ROWS * 1024].view(ROWS, 1024), requires_grad=False)
+    embedding.weight = head.weight = weight  # tied, as a small LM's are
+    norm = nn.LayerNorm(1024, elementwise_affine=True)
+    norm.weight = nn.Parameter(mapped[ROWS * 1024 :], requires_grad=False)
+    return nn.ModuleDict({"embedding": embedding, "head": head, "norm": norm}), weight
 
 
 def test_a_map_nothing_wrote_to_drops_its_pages_and_its_weights_stay_readable(tmp_path: Path) -> None:
     model, weight = _mapped_model(tmp_path / "weights.bin")
-    assert float(weight.sum()) > 0  # read: its pages are resident
-    assert _map_of(weight.data_ptr()).resident_kb == 16
+    assert float(weight.sum()) > 0 and float(model["norm"].weight.sum()) > 0  # read: resident
+    assert _map_of(weight.data_ptr()).resident_kb == (ROWS + 1) * 4
 
     released = release_mapped_weights(model)
 
-    assert released == Released(left_to_file=16 * 1024, copied=0)
+    # The norm's 4 kB are copied out: read through the map, each such weight would cost a page or more.
+    assert released == Released(left_to_file=(ROWS + 1) * 4 * 1024, copied=4 * 1024)
+    assert _map_of(model["norm"].weight.data_ptr()) is None
     assert _map_of(weight.data_ptr()).resident_kb == 0  # nothing resident, the weight still in the file
-    assert torch.equal(weight, torch.arange(4 * 1024, dtype=torch.float32).view(4, 1024))  # read back
+    assert torch.equal(weight, torch.arange(ROWS * 1024, dtype=torch.float32).view(ROWS, 1024))  # read back
+    norm_values = torch.arange(ROWS * 1024, ROWS * 1024 + 1024, dtype=torch.float32)
+    assert torch.equal(model["norm"].weight, norm_values)
 
 
 def test_a_map_written_to_keeps_its_weights_by_copying_them_out(tmp_path: Path) -> None:
@@ -67,10 +79,10 @@ def test_a_map_written_to_keeps_its_weights_by_copying_them_out(tmp_path: Path) 
 
     released = release_mapped_weights(model)
 
-    assert released == Released(left_to_file=0, copied=4 * 1024 * 4)  # the norm's own parameters stay
+    assert released == Released(left_to_file=0, copied=(ROWS + 1) * 1024 * 4)  # the norm's bias stays
     assert _map_of(weight.data_ptr()) is None and weight.data_ptr() != address
     assert model["embedding"].weight is model["head"].weight  # still one tied parameter
-    expected = torch.arange(4 * 1024, dtype=torch.float32).view(4, 1024)
+    expected = torch.arange(ROWS * 1024, dtype=torch.float32).view(ROWS, 1024)
     expected[0, 0] = -1.0
     assert torch.equal(weight, expected)
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch stays unimported in fake-engine workers, which trim too
+    import torch
     from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,16 @@ class Released:
     copied: int = 0
 
 
-def release_mapped_weights(model: nn.Module, smaps: Path = Path("/proc/self/smaps")) -> Released:
+# Below this a weight still read from the map is copied out before the map's pages go: read through
+# the map, a norm's few kB cost a whole fault-around window or page-cache folio each. SmolLM2's map
+# held 6.5 MB after a four-token generation here (2.5 MB with its ~140 kB of norms copied out), and
+# 35 MB on a CI machine whose kernel maps more per fault.
+SMALL_WEIGHT_BYTES = 1 << 20
+
+
+def release_mapped_weights(
+    model: nn.Module, smaps: Path = Path("/proc/self/smaps"), small: int = SMALL_WEIGHT_BYTES
+) -> Released:
     """Drop the resident pages of every file map the model's CPU weights still read from, or copy
     those weights out where a map cannot be dropped. A no-op where the process's maps cannot be read.
 
@@ -51,9 +61,10 @@ def release_mapped_weights(model: nn.Module, smaps: Path = Path("/proc/self/smap
     tokens in use come back (13 MB here after a few requests, of SmolLM2's 108 MB fp32
     embedding), and workers on one machine share them. As with transformers' own loading, the
     file must not be rewritten in place while the worker runs (a download or conversion renames a
-    new file into place, which leaves the mapped one alone). A map that was written to (a weight
-    changed in place after loading) keeps its weights by copying them out, as does a system
-    without ``madvise``.
+    new file into place, which leaves the mapped one alone). Weights under ``small`` bytes (norms,
+    biases) are copied out first, so only large ones (the embedding) read from the file. A map
+    that was written to (a weight changed in place after loading) keeps its weights by copying
+    them out, as does a system without ``madvise``.
     """
     import torch
 
@@ -69,13 +80,14 @@ def release_mapped_weights(model: nn.Module, smaps: Path = Path("/proc/self/smap
     left, copied = 0, 0
     with torch.no_grad():
         for vma, tensors in readers.items():
-            if vma.written_kb == 0 and _advise_dontneed(vma.start, vma.end - vma.start):
-                left += vma.resident_kb * 1024
-                continue
-            for tensor in tensors:
-                # ``.data`` swapped in place: a tied weight (one Parameter in two modules) stays tied.
-                tensor.data = tensor.data.clone()
-                copied += tensor.numel() * tensor.element_size()
+            if vma.written_kb == 0:
+                large = [tensor for tensor in tensors if _bytes(tensor) >= small]
+                copied += _copy_out([tensor for tensor in tensors if _bytes(tensor) < small])
+                if _advise_dontneed(vma.start, vma.end - vma.start):
+                    left += vma.resident_kb * 1024
+                    continue
+                tensors = large
+            copied += _copy_out(tensors)
     if left or copied:
         logger.info(
             "checkpoint map: %d MB of resident pages dropped, %d MB of weights copied out",
@@ -83,6 +95,18 @@ def release_mapped_weights(model: nn.Module, smaps: Path = Path("/proc/self/smap
             copied // 2**20,
         )
     return Released(left, copied)
+
+
+def _bytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _copy_out(tensors: list[torch.Tensor]) -> int:
+    """Give each tensor storage of its own; returns the bytes copied."""
+    for tensor in tensors:
+        # ``.data`` swapped in place: a tied weight (one Parameter in two modules) stays tied.
+        tensor.data = tensor.data.clone()
+    return sum(_bytes(tensor) for tensor in tensors)
 
 
 def return_freed_memory() -> None:
