@@ -49,9 +49,7 @@ class Released:
 SMALL_WEIGHT_BYTES = 1 << 20
 
 
-def release_mapped_weights(
-    model: nn.Module, smaps: Path = Path("/proc/self/smaps"), small: int = SMALL_WEIGHT_BYTES
-) -> Released:
+def release_mapped_weights(model: nn.Module, smaps: Path = Path("/proc/self/smaps")) -> Released:
     """Drop the resident pages of every file map the model's CPU weights still read from, or copy
     those weights out where a map cannot be dropped. A no-op where the process's maps cannot be read.
 
@@ -61,8 +59,8 @@ def release_mapped_weights(
     tokens in use come back (13 MB here after a few requests, of SmolLM2's 108 MB fp32
     embedding), and workers on one machine share them. As with transformers' own loading, the
     file must not be rewritten in place while the worker runs (a download or conversion renames a
-    new file into place, which leaves the mapped one alone). Weights under ``small`` bytes (norms,
-    biases) are copied out first, so only large ones (the embedding) read from the file. A map
+    new file into place, which leaves the mapped one alone). Weights under ``SMALL_WEIGHT_BYTES``
+    (norms, biases) are copied out first, so only large ones (the embedding) read from the file. A map
     that was written to (a weight changed in place after loading) keeps its weights by copying
     them out, as does a system without ``madvise``.
     """
@@ -81,12 +79,11 @@ def release_mapped_weights(
     with torch.no_grad():
         for vma, tensors in readers.items():
             if vma.written_kb == 0:
-                large = [tensor for tensor in tensors if _bytes(tensor) >= small]
-                copied += _copy_out([tensor for tensor in tensors if _bytes(tensor) < small])
+                copied += _copy_out([tensor for tensor in tensors if _bytes(tensor) < SMALL_WEIGHT_BYTES])
+                tensors = [tensor for tensor in tensors if _bytes(tensor) >= SMALL_WEIGHT_BYTES]
                 if _advise_dontneed(vma.start, vma.end - vma.start):
                     left += vma.resident_kb * 1024
                     continue
-                tensors = large
             copied += _copy_out(tensors)
     if left or copied:
         logger.info(
