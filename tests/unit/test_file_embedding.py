@@ -1,5 +1,5 @@
-"""A model loaded at another dtype than its checkpoint's reads its embedding rows from the file, not
-from a converted copy, wherever that copy is the lookup's alone and the file holds exactly it."""
+"""A model reads its embedding rows from the checkpoint file, not from a copy in memory or through a
+map of the file, wherever the embedding is the lookup's alone and the file holds exactly it."""
 
 from __future__ import annotations
 
@@ -70,6 +70,8 @@ def test_a_converted_embedding_reads_its_rows_from_the_checkpoint_and_answers_th
     released_map = _map_of(embedding.rows.data_ptr())
     assert released_map is not None and released_map.resident_kb == 0
     assert torch.equal(_logits(model), before)  # read back from the file
+    after_lookups = _map_of(embedding.rows.data_ptr())
+    assert after_lookups is not None and after_lookups.resident_kb == 0  # read, not mapped in
 
 
 def test_a_sharded_checkpoint_is_read_through_its_index(checkpoint: Path, tmp_path: Path) -> None:
@@ -88,9 +90,29 @@ def test_an_embedding_the_lm_head_still_shares_is_kept(checkpoint: Path) -> None
     assert type(model.get_input_embeddings()) is nn.Embedding
 
 
-def test_an_embedding_loaded_at_the_files_dtype_is_left_to_the_checkpoints_own_map(checkpoint: Path) -> None:
+def test_an_embedding_loaded_at_the_files_dtype_reads_its_rows_from_the_file_too(checkpoint: Path) -> None:
     model = _loaded(checkpoint, torch.float32)
-    assert not read_embedding_from_checkpoint(model, checkpoint)
+    before = _logits(model)
+    assert read_embedding_from_checkpoint(model, checkpoint)
+    embedding = model.get_input_embeddings()
+    assert isinstance(embedding, CheckpointEmbedding) and embedding.served_dtype == torch.float32
+    release_mapped_weights(model)
+    assert torch.equal(_logits(model), before)
+    rows_map = _map_of(embedding.rows.data_ptr())
+    assert rows_map is not None and rows_map.resident_kb == 0
+
+
+def test_repeated_tokens_read_their_row_once_and_a_token_past_the_vocabulary_is_refused(
+    checkpoint: Path,
+) -> None:
+    model = _loaded(checkpoint, torch.bfloat16)
+    expected = model.get_input_embeddings()(torch.tensor([[5, 9, 5], [9, 9, 0]]))
+    assert read_embedding_from_checkpoint(model, checkpoint)
+    embedding = model.get_input_embeddings()
+    assert torch.equal(embedding(torch.tensor([[5, 9, 5], [9, 9, 0]])), expected)
+    assert embedding(torch.empty((1, 0), dtype=torch.long)).shape == (1, 0, HIDDEN)
+    with pytest.raises(IndexError):
+        embedding(torch.tensor([[1, VOCAB]]))
 
 
 def test_an_embedding_changed_after_loading_is_kept(checkpoint: Path) -> None:

@@ -8,7 +8,8 @@ Two kinds, both measured serving SmolLM2-135M in fp32 on a 2-core Xeon (``VmRSS`
   the whole map stayed resident (513 MB of file pages) because the embedding and the norms
   still pointed into it. ``release_mapped_weights`` drops its pages (the weights still read
   from it come back a page at a time, as used): the loaded worker held 903 MB instead of
-  1,416 (1,012 when the embedding was copied out instead).
+  1,416 (1,012 when the embedding was copied out instead). Where it can, the embedding now reads
+  its rows from the file without a map (``file_embedding.py``), and the map is read by nothing.
 - Freed heap. Loading converts tensors and packing copies every weight and frees the original;
   glibc keeps such freed blocks in its heap for reuse rather than return them (about 300 MB
   here). ``return_freed_memory`` (``malloc_trim``) returns them, once the model is ready,
@@ -45,7 +46,8 @@ class Released:
 # Below this a weight still read from the map is copied out before the map's pages go: read through
 # the map, a norm's few kB cost a whole fault-around window or page-cache folio each. SmolLM2's map
 # held 6.5 MB after a four-token generation here (2.5 MB with its ~140 kB of norms copied out), and
-# 35 MB on a CI machine whose kernel maps more per fault.
+# 35 MB on a CI machine whose kernel maps more per fault (33 MB with the norms copied out: what is left
+# is the embedding's rows, now read from the file without a map where ``file_embedding.py`` can).
 SMALL_WEIGHT_BYTES = 1 << 20
 
 
