@@ -4,13 +4,24 @@ wide bf16 inputs multiply in fp32 from the row count measured faster."""
 from __future__ import annotations
 
 import itertools
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
 from worker.model import onednn_linear
-from worker.model.onednn_linear import PackedLinear, can_pack, pack_linear_layers, wide_rows
+from worker.model.onednn_linear import (
+    PRIMITIVE_CACHE_ENTRIES,
+    PackedLinear,
+    bound_primitive_caches,
+    can_pack,
+    pack_linear_layers,
+    wide_rows,
+)
 
 
 class _Custom(nn.Linear):
@@ -117,3 +128,57 @@ def test_packing_a_bf16_model_sets_the_measured_wide_rows_on_every_layer(
     fp32 = _model()
     pack_linear_layers(fp32)
     assert fp32[0].wide_rows is None  # fp32 models have nothing to widen
+
+
+# A child process: oneDNN and ideep read their cache capacity once, at their first use.
+_ROW_COUNTS_PROBE = """
+import re, sys
+from pathlib import Path
+import torch
+from torch import nn
+from worker.model.onednn_linear import PackedLinear, bound_primitive_caches
+if sys.argv[1] == "bound":
+    bound_primitive_caches()
+def resident_mb():
+    return int(re.search(r"VmRSS:\\s+(\\d+)", Path("/proc/self/status").read_text()).group(1)) >> 10
+layer, rows = PackedLinear(nn.Linear(256, 512, bias=False)), torch.randn(1300, 256)
+with torch.inference_mode():
+    layer(rows[:3])
+    before = resident_mb()
+    for count in range(300, 1300):  # a prefill's token count: new at almost every step
+        layer(rows[:count])
+print(resident_mb() - before)
+"""
+
+
+def _growth_mb(mode: str) -> int:
+    environment = {**os.environ, "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024", "LRU_CACHE_CAPACITY": "1024"}
+    if mode == "bound":  # what the worker sets where the environment does not
+        del environment["ONEDNN_PRIMITIVE_CACHE_CAPACITY"], environment["LRU_CACHE_CAPACITY"]
+    result = subprocess.run(
+        [sys.executable, "-c", _ROW_COUNTS_PROBE, mode],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        env={**environment, "OMP_NUM_THREADS": "2"},
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    return int(result.stdout.split()[-1])
+
+
+def test_a_thousand_prefill_sizes_leave_a_bounded_primitive_cache_not_one_per_size() -> None:
+    # torch's default 1,024 entries per cache: 849 MB here; bounded to 64: 184 MB.
+    assert _growth_mb("bound") * 2 < _growth_mb("default")
+
+
+def test_the_environment_chooses_the_primitive_cache_sizes_where_it_sets_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    environment = {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8"}
+    monkeypatch.setattr(onednn_linear.os, "environ", environment)
+    bound_primitive_caches()
+    assert environment == {
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "8",
+        "LRU_CACHE_CAPACITY": str(PRIMITIVE_CACHE_ENTRIES),
+    }

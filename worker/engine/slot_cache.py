@@ -58,6 +58,7 @@ import torch
 from transformers.cache_utils import Cache
 
 from worker.engine.kv_cache import PaddedKVCache
+from worker.model.freed_memory import advise_dontneed
 
 # Columns are allocated in multiples of this, so a growing row reallocates rarely.
 COLUMN_QUANTUM = 256
@@ -214,7 +215,13 @@ class SlotKVCache(Cache):
         return [slot if slot in staying else next(movers) for slot in range(count)]
 
     def keep(self, rows: list[int]) -> None:
-        """Keep only ``rows`` (in that order), moved down to slots ``0..len(rows)``."""
+        """Keep only ``rows`` (in that order), moved down to slots ``0..len(rows)``; the slots left
+        empty give their pages back (``_release_slots``)."""
+        held = self.rows
+        self._keep(rows)
+        self._release_slots(len(rows), held)
+
+    def _keep(self, rows: list[int]) -> None:
         if rows == list(range(len(rows))):
             self.lengths = self.lengths[: len(rows)]
             return
@@ -238,6 +245,16 @@ class SlotKVCache(Cache):
             tight = _round_up(max(self.lengths) + 1, WHOLE_SLOT_QUANTUM)
             if self.capacity - tight >= 2 * WHOLE_SLOT_QUANTUM:
                 self._reallocate(self.slot_count, tight)
+
+    def _release_slots(self, start: int, end: int) -> None:
+        """Hand the pages of slots ``start..end``, no longer held, back to the system (CPU storage,
+        memory mapped by ``zeroed``): they read as zeros again, and cost memory only once a row
+        joining later writes them. Pages a kept slot shares stay."""
+        if start >= end or not self.keys or self.keys[0].device.type != "cpu":
+            return
+        for tensor in (*self.keys, *self.values):
+            slot_bytes = tensor.stride(0) * tensor.element_size()
+            release_pages(tensor.data_ptr() + start * slot_bytes, (end - start) * slot_bytes)
 
     def row_kv(self, row: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Row ``row``'s KV, per layer ``[heads, tokens, dim]`` (copies: the slot is reused)."""
@@ -297,6 +314,16 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     # plain tensor to autograd, as torch.zeros' is, not a view of the flat one.
     pages = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return torch.frombuffer(pages, dtype=dtype).view(shape).detach()
+
+
+def release_pages(address: int, length: int) -> None:
+    """Drop the whole pages inside ``length`` bytes from ``address`` of an anonymous private map
+    (``zeroed``'s); a no-op where ``madvise`` is missing."""
+    page = mmap.PAGESIZE
+    first = -(-address // page) * page
+    last = (address + length) // page * page
+    if last > first:
+        advise_dontneed(first, last - first)
 
 
 def doubled_to(needed: int, current: int, quantum: int = 1) -> int:

@@ -67,8 +67,10 @@ def _load_transformers_backend(
     from worker.model.file_embedding import read_embedding_from_checkpoint
     from worker.model.freed_memory import release_mapped_weights, return_freed_memory
     from worker.model.loading import load_model
+    from worker.model.onednn_linear import bound_primitive_caches
     from worker.requests.tokenization import HFTokenizer, load_chat_template
 
+    bound_primitive_caches()  # before any oneDNN op of this process, loading's included
     loaded = load_model(settings)
     # torch's default is one thread per core. Leaving a core to the event loop, Redis and the
     # gateway used to pay while each queue poll cost the loop a round trip per running job;

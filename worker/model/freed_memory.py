@@ -83,7 +83,7 @@ def release_mapped_weights(model: nn.Module, smaps: Path = Path("/proc/self/smap
             if vma.written_kb == 0:
                 copied += _copy_out([tensor for tensor in tensors if _bytes(tensor) < SMALL_WEIGHT_BYTES])
                 tensors = [tensor for tensor in tensors if _bytes(tensor) >= SMALL_WEIGHT_BYTES]
-                if _advise_dontneed(vma.start, vma.end - vma.start):
+                if advise_dontneed(vma.start, vma.end - vma.start):
                     left += vma.resident_kb * 1024
                     continue
             copied += _copy_out(tensors)
@@ -155,7 +155,8 @@ def _is_map_header(fields: list[str]) -> bool:
 MADV_DONTNEED = 4
 
 
-def _advise_dontneed(start: int, length: int) -> bool:
+def advise_dontneed(start: int, length: int) -> bool:
+    """``madvise(MADV_DONTNEED)`` on ``length`` bytes from page-aligned ``start``; whether it did."""
     madvise = getattr(_libc(), "madvise", None)
     if madvise is None:
         return False
