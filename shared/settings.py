@@ -198,8 +198,9 @@ class WorkerSettings(TokenferrySettings):
         "auto",
         description=(
             "Linux policy of the worker's threads: batch never preempts a running thread on waking "
-            "(SCHED_BATCH; docs/performance.md); auto: batch under --engine vllm, whose model runs "
-            "in a process of its own, and then tokenferry serve's gateway and Redis too."
+            "(SCHED_BATCH; docs/performance.md); auto: batch under --engine vllm (the model's threads "
+            "too where its engine core runs in the worker), and then tokenferry serve's gateway and "
+            "Redis too."
         ),
     )
     device: Annotated[str, ENGINE] = Field("auto", description="cpu, cuda, cuda:N or auto.")
@@ -289,6 +290,12 @@ class WorkerSettings(TokenferrySettings):
     )
     gpu_memory_utilization: Annotated[float | None, ENGINE] = Field(
         None, gt=0, le=1, description="vllm engine on CUDA: share of GPU memory it takes; none: vLLM's (0.9)."
+    )
+    vllm_multiprocessing: Annotated[bool | None, ENGINE] = Field(
+        None,
+        description="vllm engine: its engine core in a child process (VLLM_ENABLE_V1_MULTIPROCESSING); "
+        "none: in the worker's process on CPU (1.12-1.17x the tokens/s of a child on 2 cores), "
+        "a child elsewhere.",
     )
     cpu_kernels: Annotated[bool, ENGINE] = Field(
         True,

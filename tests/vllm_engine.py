@@ -3,12 +3,15 @@ each test getting a view whose ``close`` ends only that test's requests."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from shared.settings import WorkerSettings
 from worker.engine import Engine, EngineRequest, EngineStats, SequenceUpdate
 from worker.model.backend import load_backend
+
+CORE_PLACEMENT = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
 class EngineView:
@@ -43,9 +46,18 @@ class EngineView:
 @contextmanager
 def shared_vllm_engine(**settings: object) -> Iterator[Callable[[], Engine]]:
     """A factory of views of one vLLM engine on the bundled model, stopped on exit."""
-    backend = load_backend(
-        WorkerSettings(engine="vllm", max_batch_size=8, cpu_kvcache_space_gb=1, **settings)
-    )
+    # Loading writes where the engine core runs into this process's environment, which every
+    # process the tests start later would inherit: restored once the engine is up.
+    placement = os.environ.get(CORE_PLACEMENT)
+    try:
+        backend = load_backend(
+            WorkerSettings(engine="vllm", max_batch_size=8, cpu_kvcache_space_gb=1, **settings)
+        )
+    finally:
+        if placement is None:
+            os.environ.pop(CORE_PLACEMENT, None)
+        else:
+            os.environ[CORE_PLACEMENT] = placement
     try:
         yield lambda: EngineView(backend.engine)
     finally:

@@ -1,4 +1,6 @@
-"""Real processes on vLLM's engine: a gateway and two ``--engine vllm`` workers of the bundled model.
+"""Real processes on vLLM's engine: a gateway and two ``--engine vllm`` workers of the bundled model,
+``a`` with vLLM's engine core in its own process (the default on CPU), ``b`` with it in a child
+(``--vllm-multiprocessing``).
 
 Run by ``make test-vllm`` only (``.venv-vllm``); ``make test`` never collects this folder
 (``tests/conftest.py``). One cluster for the whole folder: a vLLM start costs a minute or
@@ -23,6 +25,8 @@ from tests.processes import serving, spawn_cli
 MODEL = "smollm2-on-vllm"
 READY_TIMEOUT_S = 900.0  # two vLLM starts at once on 2 cores, compiling on a fresh machine
 WORKERS = ("a", "b")
+# The worker whose engine core runs in a child process; the other's runs in the worker.
+CHILD_CORE_WORKER = "b"
 
 
 @dataclass
@@ -55,6 +59,7 @@ def vllm_cluster() -> Iterator[VllmCluster]:
                 "1",
                 "--max-num-seqs",
                 "16",
+                *(["--vllm-multiprocessing"] if name == CHILD_CORE_WORKER else []),
                 output=logs / f"worker-{name}.log",
             )
             for name in WORKERS

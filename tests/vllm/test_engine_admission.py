@@ -22,7 +22,7 @@ LONG_PROMPT = tuple(range(2000, 3500))
 def make_engine() -> Iterator[EngineFactory]:
     from tests.vllm_engine import shared_vllm_engine
 
-    with shared_vllm_engine() as make:
+    with shared_vllm_engine(vllm_multiprocessing=True) as make:  # the core in a child: a step waits for it
         yield make
 
 

@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 
 from shared import keys, registry
 from tests.processes import StreamReader, chat_text
-from tests.vllm.conftest import MODEL, WORKERS, VllmCluster
+from tests.vllm.conftest import CHILD_CORE_WORKER, MODEL, WORKERS, VllmCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
 
@@ -139,15 +139,33 @@ def test_a_repeated_prompt_reports_the_tokens_vllm_s_prefix_cache_served(client:
     assert max(cached) < prompt_tokens
 
 
-def test_the_worker_s_threads_never_preempt_vllm_s_engine_core(vllm_cluster: VllmCluster) -> None:
-    # The worker only relays; vLLM's engine core, its child, computes (shared/os_scheduling.py).
-    for worker in vllm_cluster.workers.values():
-        relay = [os.sched_getscheduler(thread.id) for thread in psutil.Process(worker.pid).threads()]
-        assert set(relay) == {os.SCHED_BATCH}
-        cores = psutil.Process(worker.pid).children(recursive=True)
-        assert cores
-        compute = {os.sched_getscheduler(thread.id) for core in cores for thread in core.threads()}
-        assert compute == {os.SCHED_OTHER}
+async def test_the_worker_s_threads_never_preempt_vllm_s_engine_core_in_a_child(
+    vllm_cluster: VllmCluster,
+) -> None:
+    # That worker only relays; vLLM's engine core, its child, computes (shared/os_scheduling.py).
+    redis = Redis.from_url(vllm_cluster.redis_url)
+    await _both_workers_live(redis, vllm_cluster)  # its threads change policy before it goes live
+    await redis.aclose()
+    worker = vllm_cluster.workers[CHILD_CORE_WORKER]
+    relay = [os.sched_getscheduler(thread.id) for thread in psutil.Process(worker.pid).threads()]
+    assert set(relay) == {os.SCHED_BATCH}
+    cores = psutil.Process(worker.pid).children(recursive=True)
+    assert cores
+    compute = {os.sched_getscheduler(thread.id) for core in cores for thread in core.threads()}
+    assert compute == {os.SCHED_OTHER}
+
+
+async def test_an_engine_core_in_the_worker_computes_there_under_one_policy(
+    vllm_cluster: VllmCluster,
+) -> None:
+    # No child computes; the model's threads and the relays share the worker, all under SCHED_BATCH.
+    redis = Redis.from_url(vllm_cluster.redis_url)
+    await _both_workers_live(redis, vllm_cluster)
+    await redis.aclose()
+    worker = psutil.Process(vllm_cluster.workers["a"].pid)
+    assert not [child for child in worker.children(recursive=True) if child.cpu_times().user > 5]
+    assert len(worker.threads()) > 2
+    assert {os.sched_getscheduler(thread.id) for thread in worker.threads()} == {os.SCHED_BATCH}
 
 
 async def _both_workers_live(redis: Redis, cluster: VllmCluster) -> None:
@@ -186,12 +204,13 @@ async def test_zz_a_sigkilled_worker_s_stream_ends_on_the_other_with_the_same_gr
                 w for n, w in vllm_cluster.workers.items() if vllm_cluster.worker_id(n) == victim_id
             )
             engine_cores = psutil.Process(victim.pid).children(recursive=True)
-            assert engine_cores, "vLLM's engine core runs in a child process of the worker"
+            if victim is vllm_cluster.workers[CHILD_CORE_WORKER]:
+                assert engine_cores, "vLLM's engine core runs in a child process of this worker"
             victim.send_signal(signal.SIGKILL)
             await stream.rest()
     await redis.aclose()
     assert chat_text(stream.events) == expected  # nothing lost, nothing repeated, the same tokens
     assert stream.events[-2].json()["choices"][0]["finish_reason"] == "length"
-    # The killed worker's engine core (and its own workers) stop by themselves.
+    # The killed worker's children (an engine core and its own workers) stop by themselves.
     _, alive = psutil.wait_procs(engine_cores, timeout=30)
     assert not alive, [process.cmdline() for process in alive]

@@ -2,9 +2,10 @@
 
 vLLM's V1 engine loop is what the protocol was modelled on: ``add_request`` with
 token ids, ``step`` returning each request's new tokens, ``abort_request``,
-``has_unfinished_requests``. Its engine core runs in a child process (vLLM's
-default), so it computes the next step while the driver routes and publishes this
-one; ``step`` here only collects what the core has produced, waiting for it.
+``has_unfinished_requests``. Its engine core runs in the worker's process on CPU, where
+``step`` steps it, and elsewhere in a child process (vLLM's default), which computes the
+next step while the driver routes and publishes this one; there ``step`` only collects
+what the core has produced, waiting for it (``launch._place_engine_core`` says why).
 
 Requests keep tokenferry's ids: the driver's ids are vLLM's. Priorities map to
 vLLM's ``priority`` scheduling (lower first: interactive before batch). A request
@@ -14,7 +15,7 @@ sequence the native engine cannot run does. A request counts as waiting until it
 first token and as running after; the cache's use and prefix hits come from vLLM's
 own scheduler statistics (``SchedulerCounts``).
 
-Adds and aborts may run beside ``step`` (``concurrent_admission``): a request that
+With the core in a child, adds and aborts may run beside ``step`` (``concurrent_admission``): a request that
 arrives while ``step`` waits for the core is sent to the core at once, as vLLM's own
 server does, instead of one step later (+~100 ms TTFT at 32 streams, measured). ``step``
 is ``LLMEngine.step`` split in two (``stepping.py``): the wait for the core's outputs
