@@ -9,9 +9,8 @@ from contextlib import contextmanager
 
 from shared.settings import WorkerSettings
 from worker.engine import Engine, EngineRequest, EngineStats, SequenceUpdate
+from worker.engine.vllm_adapter.launch import CORE_PLACEMENT
 from worker.model.backend import load_backend
-
-CORE_PLACEMENT = "VLLM_ENABLE_V1_MULTIPROCESSING"
 
 
 class EngineView:

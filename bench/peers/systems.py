@@ -8,7 +8,8 @@
   tokenferry's queue), both run by the vLLM venv's interpreter from the repository root, so
   this checkout's code is what runs.
 - ``vllm-engine-child``: the same with ``--vllm-multiprocessing`` (vLLM's engine core in a child
-  process of the worker, as before it ran in the worker on CPU).
+  process of the worker, whatever the dtype; ``vllm-engine`` runs it in the worker on CPU at half
+  precision).
 
 Every system serves the model under one name (``SERVED_NAME``), at the dtype asked, with one
 context window (``MAX_MODEL_LEN``), so that ``vllm-engine`` runs vLLM's engine configured as

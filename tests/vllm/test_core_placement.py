@@ -9,13 +9,7 @@ import pytest
 
 from shared.settings import WorkerSettings
 from worker.engine.vllm_adapter import launch
-
-VARIABLE = "VLLM_ENABLE_V1_MULTIPROCESSING"
-
-
-@pytest.fixture(autouse=True)
-def _no_placement(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(VARIABLE, raising=False)
+from worker.engine.vllm_adapter.launch import CORE_PLACEMENT as VARIABLE
 
 
 def _placed(monkeypatch: pytest.MonkeyPatch, **settings: object) -> str:

