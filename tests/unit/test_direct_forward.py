@@ -219,3 +219,35 @@ def test_a_model_on_the_matmul_attention_decodes_directly_with_the_same_tokens()
 def _hooked(model: PreTrainedModel) -> PreTrainedModel:
     model.model.layers[0].register_forward_hook(lambda module, args, output: None)
     return model
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_one_call_decode_attention_writes_and_attends_as_the_layers_ops(
+    family: str, dtype: torch.dtype
+) -> None:
+    engine = _decoding(batched_engine(_as_served(FAMILIES[family](), dtype)))
+    direct, kv = engine._direct, engine._kv
+    assert direct is not None and kv is not None
+    one_call = direct._append_and_attend
+    assert one_call is not None, "the kernels are built here: the one-call path must be chosen"
+    last = [row.token_ids[-1] for row in engine._rows]
+    calls = mock.Mock(side_effect=one_call)
+    with torch.inference_mode():
+        direct._append_and_attend = calls
+        fused = direct.logits(kv, last)
+        fused_cache = [(keys.clone(), kv.values[index].clone()) for index, keys in enumerate(kv.keys)]
+        kv.abandon()
+        direct._append_and_attend = None  # the same step through the layers' ops
+        layered = direct.logits(kv, last)
+    assert calls.call_count == len(kv.keys)
+    assert torch.equal(fused, layered)
+    for (keys, values), (fused_keys, fused_values) in zip(
+        zip(kv.keys, kv.values, strict=True), fused_cache, strict=True
+    ):
+        assert torch.equal(keys, fused_keys) and torch.equal(values, fused_values)
+
+
+def test_the_one_call_decode_attention_is_not_used_for_per_head_norms() -> None:
+    engine = batched_engine(_as_served(_qwen3(), torch.float32))
+    assert engine._direct is not None and engine._direct._append_and_attend is None

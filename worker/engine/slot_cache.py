@@ -148,6 +148,21 @@ class SlotKVCache(Cache):
             raise RuntimeError("step_tensors is for the step begin_decode started")
         return self._positions, self._rows_index, self._mask
 
+    def kernel_writable(self, dtype: torch.dtype) -> bool:
+        """Whether the step in flight's slots can be written by the CPU kernel's plain copies
+        (``cpu_kernels/step_attention.cpp``): contiguous storage on CPU in ``dtype``, row ``i``
+        in slot ``i`` (an eager step: no idle rows)."""
+        if self._positions is None or not self.keys:
+            return False
+        keys, values = self.keys[0], self.values[0]
+        return (
+            keys.device.type == "cpu"
+            and keys.dtype == values.dtype == dtype
+            and keys.is_contiguous()
+            and values.is_contiguous()
+            and self._positions.shape[0] == self.rows
+        )
+
     def bind_step(self, positions: torch.Tensor, rows_index: torch.Tensor, mask: torch.Tensor) -> None:
         """Run the step in flight on these tensors instead (``[batch]``, ``[batch]``, its mask): a
         captured graph's static inputs, holding what ``begin_decode`` computed."""

@@ -13,5 +13,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of each row, of x + residual where given (returned too)", released(),
         py::arg("x"), py::arg("residual"), py::arg("weight"), py::arg("eps"));
   m.def("silu_and_mul", &silu_and_mul, "silu(gate) * up of a fused gate/up product", released());
+  m.def("append_and_attend", &append_and_attend,
+        "a decode step's rotation, slot writes and attention for one layer", released());
   m.def("rotary", &rotary, "queries and keys rotated by the rotary embedding", released());
 }

@@ -20,3 +20,9 @@ std::vector<at::Tensor> rms_norm(
 at::Tensor silu_and_mul(const at::Tensor& gate_up);
 std::vector<at::Tensor> rotary(
     const at::Tensor& query, const at::Tensor& key, const at::Tensor& cos, const at::Tensor& sin);
+
+// step_attention.cpp
+at::Tensor append_and_attend(
+    const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin, const at::Tensor& key_cache,
+    const at::Tensor& value_cache, const at::Tensor& positions, const at::Tensor& mask, int64_t heads,
+    double scale);
