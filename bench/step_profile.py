@@ -7,7 +7,8 @@ every default else), and ``--rows`` chat requests of the bench's prompts run to 
 tokens each, as ``bench.peers`` sends them. After the prefills and a few steps to settle:
 
 - timers: each phase wrapped in ``perf_counter`` (the forward; in it the packed Linears, the
-  LM head told apart by its vocabulary-wide output, the decode attention kernel, the KV
+  LM head told apart by its vocabulary-wide output, the decode attention kernel (where the
+  direct forward makes it one call per layer, with the rotation and KV writes), the KV
   cache's writes; then sampling and accepting), summed over ``--steps`` steps;
 - with ``--table``, torch.profiler's op table over 10 more steps (the CPU kernels' calls are
   not ops and are missing from it).
@@ -90,9 +91,16 @@ def timed_phases(engine: Any, times: PhaseTimes) -> Iterator[None]:
     hf.sample_rows = times.wrap("sampling", hf.sample_rows)
     hf.accept_rows = times.wrap("accepting", hf.accept_rows)
     engine._decode_forward = times.wrap("forward", engine._decode_forward)
+    # The direct forward's one-call attention (rotation, KV writes and attention: direct_forward.py).
+    direct = getattr(engine, "_direct", None)
+    one_call = None if direct is None else direct._append_and_attend
+    if one_call is not None:
+        direct._append_and_attend = times.wrap("attention", one_call)
     try:
         yield
     finally:
+        if one_call is not None:
+            direct._append_and_attend = one_call
         decode_attention.cpu_kernels.kernels, SlotKVCache.update, hf.sample_rows, hf.accept_rows = saved
         PackedLinear.forward_packed, PackedLinear.forward_in_fp32 = packed
         del engine._decode_forward
@@ -157,14 +165,16 @@ def main() -> None:
     per_step = {phase: seconds / count * 1000 for phase, seconds in times.seconds.items()}
     step_ms = sum(steps) / count * 1000
     forward = per_step["forward"]
+    one_call = getattr(engine, "_direct", None) is not None and engine._direct._append_and_attend is not None
+    attention = "decode attention, with the rotation and KV writes (one call)" if one_call else "decode attention"
     parts = sum(per_step.get(part, 0.0) for part in ("Linears", "LM head", "attention", "kv writes"))
     rows = [
         ("forward", forward),
         ("  Linears (oneDNN packed; QKV and gate/up fused)", per_step.get("Linears", 0.0)),
         ("  LM head", per_step.get("LM head", 0.0)),
-        ("  decode attention", per_step.get("attention", 0.0)),
-        ("  KV writes", per_step.get("kv writes", 0.0)),
-        ("  the rest (norms, rotation, silu*up, embedding)", forward - parts),
+        (f"  {attention}", per_step.get("attention", 0.0)),
+        *([] if one_call else [("  KV writes", per_step.get("kv writes", 0.0))]),
+        (f"  the rest (norms, {'' if one_call else 'rotation, '}silu*up, embedding)", forward - parts),
         ("sampling", per_step.get("sampling", 0.0)),
         ("accepting (tokens onto the rows)", per_step.get("accepting", 0.0)),
         ("the engine's own work", step_ms - forward - per_step.get("sampling", 0.0) - per_step["accepting"]),
