@@ -166,7 +166,7 @@ def main() -> None:
     step_ms = sum(steps) / count * 1000
     forward = per_step["forward"]
     one_call = getattr(engine, "_direct", None) is not None and engine._direct._append_and_attend is not None
-    attention = "decode attention, with the rotation and KV writes (one call)" if one_call else "decode attention"
+    attention = "decode attention" + (", with the rotation and KV writes (one call)" if one_call else "")
     parts = sum(per_step.get(part, 0.0) for part in ("Linears", "LM head", "attention", "kv writes"))
     rows = [
         ("forward", forward),
