@@ -24,7 +24,7 @@ same logits and cache bit for bit (tested). What goes is the Python between them
 attention interface's checks, two advanced-index writes of the slot cache's ``update``).
 Steps alternating with and without it in one process, SmolLM2-135M, this EPYC: fp32 1 row
 36.3-36.6 -> 33.2-33.8 ms, 8 rows 43.3-45.8 -> 39.8-39.9, 32 rows 84.9-95.2 -> 79.3-88.0;
-bf16 1 row 22.1-22.4 -> 19.6-19.8.
+bf16 1 row 22.1-22.4 -> 19.6-19.8, 8 rows 27.3-30.8 -> 24.4-28.1, 32 rows 55.6-58.5 -> 52.5-55.1.
 
 A forward is the model's own arithmetic in the model's own order: its embedding, its rotary
 module (every rope scaling variant its own), per layer its norms, projections (the fused
