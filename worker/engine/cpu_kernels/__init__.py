@@ -14,11 +14,10 @@ ragged rows; vLLM's own CPU kernel 753), a 512-query chunk over 1,500 past token
 ``layers.cpp`` does the same for a decoder layer's elementwise work, with torch's results
 bit for bit: RMSNorm in one pass per row (with the residual add where asked) and the gated
 MLP's ``silu(gate) * up`` in one pass (``worker/model/kernel_layers.py``), and the rotary
-embedding of queries and keys (``direct_forward.py``), where torch runs 2-14 ops each.
-``step_attention.cpp`` joins a decode step's rotation, slot writes and attention in one call
-per layer. Per
+embedding of queries and keys (``direct_forward.py``), where torch runs 2-14 ops each. Per
 call on this EPYC, SmolLM2's widths: a norm at 1 row 15-18 -> 1.7-2 us, at 2,048 bf16 rows
-1,371 -> 384 us; ``silu * up`` at 2,048 fp32 rows 10.0 -> 1.8 ms.
+1,371 -> 384 us; ``silu * up`` at 2,048 fp32 rows 10.0 -> 1.8 ms. ``step_attention.cpp``
+joins a decode step's rotation, slot writes and attention in one call per layer.
 
 Built with torch's ``cpp_extension`` (gcc and ninja) for this machine's vector ISA,
 the one torch itself dispatches to (AVX-512, AVX2 or plain), into torch's extension
