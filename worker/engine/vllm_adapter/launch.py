@@ -150,11 +150,12 @@ def _place_engine_core(settings: WorkerSettings) -> None:
 
 
 def _half_precision_on_cpu(dtype: str) -> bool:
-    """Whether vLLM serves ``dtype`` at half precision on this CPU (``auto``: bf16 where oneDNN runs it)."""
+    """Whether vLLM serves ``dtype`` at half precision on this CPU (``auto``: bf16 where the CPU runs
+    it, as the native engine's ``auto`` decides)."""
     if dtype == "auto":
-        import torch
+        from worker.model.loading import cpu_runs_bf16
 
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        return cpu_runs_bf16()
     return dtype in ("bfloat16", "float16")
 
 
