@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 from unittest import mock
 
@@ -24,8 +25,9 @@ from transformers import (
 
 from shared.settings import WorkerSettings
 from tests.engines import VOCAB, batched_engine, request, run_to_end, scripted_llama, tiny_llama
+from worker.engine import EngineRequest
 from worker.engine.decode_attention import use_decode_attention
-from worker.engine.direct_forward import DirectForward, _unserved_because
+from worker.engine.direct_forward import DirectForward, PromptForward, _unserved_because
 from worker.engine.hf import TransformersEngine
 from worker.engine.kv_cache import prefill_layout
 from worker.model.backend import prepare_model
@@ -251,3 +253,96 @@ def test_the_one_call_decode_attention_writes_and_attends_as_the_layers_ops(
 def test_the_one_call_decode_attention_is_not_used_for_per_head_norms() -> None:
     engine = batched_engine(_as_served(_qwen3(), torch.float32))
     assert engine._direct is not None and engine._direct._append_and_attend is None
+
+
+def _staggered(
+    engine: TransformersEngine, arrivals: dict[int, list[EngineRequest]]
+) -> tuple[dict[str, list[int]], set[str]]:
+    """Each request's tokens and the ids that failed, ``arrivals[step]`` added before that step."""
+    produced: dict[str, list[int]] = {}
+    failed: set[str] = set()
+    step = 0
+    while engine.has_unfinished() or step <= max(arrivals):
+        for new in arrivals.get(step, []):
+            produced[new.request_id] = []
+            engine.add(new)
+        for update in engine.step():
+            produced[update.request_id] += update.new_token_ids
+            if update.failed:
+                failed.add(update.request_id)
+        step += 1
+    return produced, failed
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("keep", [1, 0])
+def test_a_decode_step_with_prompts_beside_it_gives_each_its_own_logits_and_cache(
+    family: str, dtype: torch.dtype, keep: int
+) -> None:
+    model = _as_served(FAMILIES[family](), dtype)
+    engine = _decoding(batched_engine(model))
+    direct, kv = engine._direct, engine._kv
+    assert direct is not None and kv is not None and direct.mixes
+    last = [row.token_ids[-1] for row in engine._rows]
+    # Two new prompts padded into one forward, as the engine prefills prompts together.
+    ids, mask = (torch.tensor(rows) for rows in prefill_layout([0, 0], [tuple(range(5, 45)), (9, 10, 11)]))
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    caches = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    with torch.inference_mode():
+        both = direct.mixed_logits(kv, last, PromptForward(ids, mask, positions, caches[0], keep))
+        assert both is not None
+        mixed_cache = [(keys.clone(), kv.values[index].clone()) for index, keys in enumerate(kv.keys)]
+        kv.abandon()  # the same step, then the same prefill, apart
+        step = direct.logits(kv, last)
+        prefill = direct.prefill_logits(ids, mask, positions, caches[1], keep)
+    # Each token's products run among other rows: equal up to the products' summation order.
+    tolerance = {"atol": 1e-4, "rtol": 1e-4} if dtype == torch.float32 else {"atol": 0.05, "rtol": 0.02}
+    assert both[0].shape == step.shape and both[1].shape == prefill.shape
+    torch.testing.assert_close(both[0], step, **tolerance)
+    torch.testing.assert_close(both[1], prefill, **tolerance)
+    assert torch.equal(both[0].argmax(-1), step.argmax(-1))
+    for index, (keys, values) in enumerate(mixed_cache):
+        torch.testing.assert_close(keys, kv.keys[index], **tolerance)
+        torch.testing.assert_close(values, kv.values[index], **tolerance)
+    for mixed_layer, apart_layer in zip(caches[0].layers, caches[1].layers, strict=True):
+        torch.testing.assert_close(mixed_layer.keys, apart_layer.keys, **tolerance)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_prompts_arriving_while_rows_decode_share_their_forward_with_the_same_greedy_tokens(
+    family: str,
+) -> None:
+    model = _as_served(FAMILIES[family](), torch.float32)
+    ids = iter(PROMPTS)
+    # Prompts arrive while others decode: each step after the first has rows and a prompt or two.
+    arrivals = {0: [request(next(ids), PROMPTS["a"], max_new_tokens=12)]}
+    arrivals[2] = [
+        request(next(ids), PROMPTS["b"], max_new_tokens=9),
+        request(next(ids), PROMPTS["c"], max_new_tokens=7),
+    ]
+    arrivals[3] = [replace(request(next(ids), PROMPTS["d"], max_new_tokens=10), prompt_logprobs=2)]
+    engine = batched_engine(model)
+    assert engine._direct is not None
+    with mock.patch.object(engine._direct, "mixed_logits", side_effect=engine._direct.mixed_logits) as mixed:
+        produced, failed = _staggered(engine, arrivals)
+    apart = TransformersEngine(model, engine._scheduler.limits, direct_forward=False)
+    assert mixed.call_count == 2 and not failed
+    assert produced == _staggered(apart, arrivals)[0]
+    assert engine._kv is None  # every row left
+
+
+def test_a_bad_prompt_beside_decoding_rows_fails_alone_and_the_rows_go_on(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    model = _as_served(tiny_llama(), torch.float32)
+    good = [request("a", PROMPTS["a"], max_new_tokens=12), request("d", PROMPTS["d"], max_new_tokens=12)]
+    alone, _ = _staggered(batched_engine(model), {0: good})
+    bad = request("bad", [5, VOCAB + 3, 7], max_new_tokens=10)
+    late = request("c", PROMPTS["c"], max_new_tokens=6)  # a good prompt in the same step as the bad one
+    with caplog.at_level(logging.WARNING, logger="worker.engine.hf"):
+        produced, failed = _staggered(batched_engine(model), {0: good, 2: [bad, late]})
+    assert "running them apart" in caplog.text  # the forward they shared raised: each path again, alone
+    assert failed == {"bad"} and produced["bad"] == []
+    assert {rid: produced[rid] for rid in alone} == alone
+    assert produced["c"] == run_to_end(batched_engine(model), [late])["c"]

@@ -83,8 +83,10 @@ class _Layer:
 
     attention: torch.nn.Module
     projections: Callable[[Tensor], tuple[Tensor, Tensor, Tensor]]
-    # The fused QKV product, unsplit (None where the projections are not fused).
+    # The fused QKV product, unsplit, and its queries', keys' and values' widths (None where the
+    # projections are not fused).
     qkv: Forward | None
+    qkv_widths: list[int] | None
     query_norm: Forward | None
     key_norm: Forward | None
     output: Forward
@@ -93,6 +95,17 @@ class _Layer:
     post_norm: AddNorm
     next_norm: AddNorm
     mlp: Forward
+
+
+@dataclass(frozen=True)
+class PromptForward:
+    """A prefill's operands, as ``DirectForward.prefill_logits`` takes them."""
+
+    input_ids: Tensor
+    attention_mask: Tensor | None
+    positions: Tensor
+    cache: Cache
+    keep: int
 
 
 class DirectForward:
@@ -160,6 +173,88 @@ class DirectForward:
         )
         return self._run(hidden, positions, cache, cast(Tensor | None, mask), keep)
 
+    @property
+    def mixes(self) -> bool:
+        """Whether ``mixed_logits`` can run: the one-call decode attention is chosen (``_step_attention``)."""
+        return self._append_and_attend is not None
+
+    def mixed_logits(
+        self, kv: SlotKVCache, last_tokens: list[int], prompts: PromptForward
+    ) -> tuple[Tensor, Tensor] | None:
+        """A decode step of every row of ``kv`` and a prefill of ``prompts`` in one forward: the rows'
+        next-token logits ``[rows, vocab]`` and what ``prefill_logits`` returns for the prompts, or
+        None (nothing run) where the step's operands do not suit the one-call attention.
+
+        Every token goes through the norms, products and MLPs together, the rows' and the prompts'
+        (vLLM's mixed batch): one pass over the weights where a decode step and a prefill took two.
+        Only the attention differs: the rows' in one kernel call over the slot cache, as ``logits``;
+        the prompts' over ``prompts.cache``, as ``prefill_logits``. The caller advances ``kv``.
+        """
+        rows, (count, width) = len(last_tokens), prompts.input_ids.shape
+        step_positions, _ = kv.begin_decode()
+        tokens = torch.tensor(last_tokens, device=prompts.input_ids.device)
+        # [1, rows + prompts x width, hidden]: the rows' tokens, then each prompt's, padding included.
+        hidden = self._embed(torch.cat([tokens, prompts.input_ids.reshape(-1)]).unsqueeze(0))
+        step_hidden, prompt_hidden = hidden[0, :rows].unsqueeze(1), hidden[0, rows:].view(count, width, -1)
+        cos, sin = self._rotary(step_hidden, step_positions)
+        attend = self._append_and_attend
+        if attend is None or not kv.kernel_writable(hidden.dtype):
+            return None
+        if cos.dtype != hidden.dtype or cos.dim() != 3 or cos.stride(-1) != 1:
+            return None
+        prompt_rotation = self._rotary(prompt_hidden, prompts.positions)
+        mask = cast(  # the attention registered here masks as sdpa does: a tensor or None
+            Tensor | None,
+            create_causal_mask(
+                config=self._config,
+                inputs_embeds=prompt_hidden,
+                attention_mask=prompts.attention_mask,
+                past_key_values=prompts.cache,
+                position_ids=prompts.positions,
+            ),
+        )
+        write_positions, _, step_mask = kv.step_tensors()
+        heads = self._heads
+        normed = self._first_norm(hidden)
+        for index, layer in enumerate(self._layers):
+            qkv = cast(Forward, layer.qkv)(normed)[0]
+            keys, values, scale = kv.keys[index], kv.values[index], layer.attention.scaling
+            step_qkv = qkv[:rows].unsqueeze(1)
+            step = attend(step_qkv, cos, sin, keys, values, write_positions, step_mask, heads, scale)
+            prompt_qkv = qkv[rows:].view(count, width, -1)
+            attended = self._prompt_attention(layer, index, prompt_qkv, prompts.cache, prompt_rotation, mask)
+            attended = torch.cat([step.view(rows, -1), attended.reshape(count * width, -1)]).unsqueeze(0)
+            normed, hidden = layer.post_norm(layer.output(attended), hidden)
+            normed, hidden = layer.next_norm(layer.mlp(normed), hidden)
+        # One head product for the rows and the prompts' kept positions (every position: 0).
+        normed_prompts = normed[0, rows:].view(count, width, -1)[:, -prompts.keep :]
+        kept = normed_prompts.shape[1]
+        logits = self._head(torch.cat([normed[0, :rows], normed_prompts.reshape(count * kept, -1)]))
+        return logits[:rows], logits[rows:].view(count, kept, -1)
+
+    def _prompt_attention(
+        self,
+        layer: _Layer,
+        index: int,
+        qkv: Tensor,
+        cache: Cache,
+        rotation: tuple[Tensor, Tensor],
+        mask: Tensor | None,
+    ) -> Tensor:
+        """``_run``'s attention of one layer over prompts' fused QKV product ``[prompts, width, qkv]``:
+        ``[prompts, width, heads x head_dim]``, ``cache`` updated."""
+        rows, width = qkv.shape[:2]
+        head_shape = (rows, width, -1, self._head_dim)
+        queries, keys, values = torch.split(qkv, cast(list[int], layer.qkv_widths), dim=-1)
+        queries, keys = self._rotate(
+            queries.view(head_shape).transpose(1, 2), keys.view(head_shape).transpose(1, 2), *rotation
+        )
+        keys, values = cache.update(keys, values.view(head_shape).transpose(1, 2), index)
+        attended: Tensor = self._attend(
+            layer.attention, queries, keys, values, mask, dropout=0.0, scaling=layer.attention.scaling
+        )[0]
+        return attended.reshape(rows, width, -1)
+
     def _decode(
         self, hidden: Tensor, rotation: tuple[Tensor, Tensor], kv: SlotKVCache, attend: Callable[..., Tensor]
     ) -> Tensor:
@@ -205,6 +300,9 @@ def _parts(layer: Any, next_norm: Any) -> _Layer:
         attention=attention,
         projections=_split_projections(attention, ("q_proj", "k_proj", "v_proj"), "qkv_fused"),
         qkv=attention.qkv_fused.linear.forward if hasattr(attention, "qkv_fused") else None,
+        qkv_widths=[getattr(attention, name).out_features for name in ("q_proj", "k_proj", "v_proj")]
+        if hasattr(attention, "qkv_fused")
+        else None,
         query_norm=attention.q_norm.forward if hasattr(attention, "q_norm") else None,
         key_norm=attention.k_norm.forward if hasattr(attention, "k_norm") else None,
         output=attention.o_proj.forward,

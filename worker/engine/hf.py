@@ -2,19 +2,24 @@
 
 A step is schedule, execute, update (vLLM V1's shape):
   1. admit waiting requests that fit (``scheduler.py``);
-  2. either prefill: at most ``max_prefill_tokens`` of new prompts, chunked; a prompt
-     whose last chunk ran samples its first token and its cache joins the batch;
-  3. or decode: one forward of ``[batch, 1]`` tokens for every running row, the rows
-     sampled together, each with its own parameters and generator (``batch_sampling.py``);
+  2. prefill: at most ``max_prefill_tokens`` of new prompts, chunked; a prompt whose
+     last chunk ran samples its first token and its cache joins the batch;
+  3. decode: one more token for every running row, the rows sampled together, each
+     with its own parameters and generator (``batch_sampling.py``);
   4. rows that finished leave the cache (``kv_cache.py``).
-Prefill and decode alternate while prompts wait: a step that prefilled is followed
-by one that decodes, so a burst of new prompts costs the running streams at most
-one prefill chunk between two of their tokens, as when both ran in one step. Apart,
-a step's first tokens go out when its prefill ends, not after a decode forward of
-the whole batch too (a step's updates are published when it returns): the long
-workload's first tokens came ~100 ms sooner (a 16-row decode at ~1,200 columns,
-fp32, 2-core Xeon). vLLM runs both in one forward instead (one weight pass), which
-needs one cache for prompts and rows alike. One exception prefills even after a
+Where the model runs the direct forward with the one-call decode attention
+(``direct_forward.py``), a step with both prompts and rows runs the rows' decode and
+one group of last chunks in one forward (``_decode_beside``; vLLM's mixed batch):
+their tokens go through every product together, one pass over the weights where two
+forwards took two. On the long workload (c=16, fp32, in process, this 2-core EPYC)
+that served 4-9 % more tokens a second than alternating the two forwards.
+Elsewhere prefill and decode alternate while prompts wait: a step that prefilled is
+followed by one that decodes, so a burst of new prompts costs the running streams at
+most one prefill chunk between two of their tokens, as when both ran in one step.
+Apart, a step's first tokens go out when its prefill ends, not after a decode forward
+of the whole batch too (a step's updates are published when it returns): the long
+workload's first tokens came ~100 ms sooner (a 16-row decode at ~1,200 columns, fp32,
+2-core Xeon). One exception prefills even after a
 prefill: when a prompt to prefill is more urgent than every running row (an
 interactive request beside batch-lane rows only), the step prefills the prompts of
 that priority alone and the rows wait, so the request's first token does not wait
@@ -64,7 +69,7 @@ from worker.engine import EngineRequest, EngineStats, SequenceUpdate, cpu_kernel
 from worker.engine.batch_sampling import BatchSampler
 from worker.engine.compiled_decode import CompiledDecode
 from worker.engine.decode_attention import KERNEL_ATTENTION_NAME, use_decode_attention
-from worker.engine.direct_forward import DirectForward
+from worker.engine.direct_forward import DirectForward, PromptForward
 from worker.engine.graphed_decode import GraphedDecode
 from worker.engine.isolation import accept_rows, bisect, failing_alone, guarded, sample_rows
 from worker.engine.kv_cache import PaddedKVCache, prefill_layout, single_row_cache, stack_left_padded
@@ -173,6 +178,10 @@ class TransformersEngine:
         if urgent is not None:  # the rows wait a step: all of them are less urgent than a prompt to prefill
             updates += self._prefill(urgent)
             self._prefilled_last = True
+        elif self._prefilling and self._rows and self._direct is not None and self._direct.mixes:
+            self._preempt()
+            updates += self._prefill(self._prefilling.values(), beside_rows=True)
+            self._prefilled_last = False
         elif self._prefilling and not (self._rows and self._prefilled_last):
             updates += self._prefill(self._prefilling.values())
             self._prefilled_last = True
@@ -293,7 +302,9 @@ class TransformersEngine:
         kv.advance()
         return output.logits[:, -1, :]  # type: ignore[no-any-return]
 
-    def _prefill(self, candidates: Iterable[Sequence]) -> list[SequenceUpdate]:
+    def _prefill(self, candidates: Iterable[Sequence], beside_rows: bool = False) -> list[SequenceUpdate]:
+        """Prefill this step's chunks of ``candidates``; ``beside_rows``: the rows decode too, in the
+        forward of one group of last chunks where there is one (``_decode_beside``)."""
         # Interactive prompts are prefilled before batch ones (sorted() is stable: FIFO within a priority).
         prefilling = sorted(candidates, key=lambda s: s.request.priority)
         self._reuse_prefixes(prefilling)
@@ -305,9 +316,37 @@ class TransformersEngine:
         # Prompts whose last chunk runs now share padded forwards, grouped to bound the padding.
         last = [self._prefilling.pop(c.request_id) for c in chunks if c.is_last]
         rests = [len(s.request.prompt_token_ids) - s.prefilled for s in last]
-        for group in group_by_length(rests):
-            updates += bisect(self._prefill_together, [last[index] for index in group])
+        groups = [[last[index] for index in group] for group in group_by_length(rests)]
+        if beside_rows:  # before the other groups join: a row decodes once a step
+            updates += self._decode_beside(groups.pop() if groups else [])
+        for group in groups:
+            updates += bisect(self._prefill_together, group)
         return [update for update in updates if update is not None]
+
+    def _decode_beside(self, sequences: list[Sequence]) -> list[SequenceUpdate]:
+        """The rows' decode step and the last chunks of ``sequences``' prompts in one forward
+        (``DirectForward.mixed_logits``); apart, each with its own isolation, where that cannot run or
+        fails. The rows are sampled first: the prompts join the batch after them."""
+        if not sequences or self._kv is None or self._direct is None:
+            return self._decode() + (bisect(self._prefill_together, sequences) if sequences else [])
+        try:
+            prompts = self._prompt_operands(sequences)
+            both = self._direct.mixed_logits(self._kv, [row.token_ids[-1] for row in self._rows], prompts)
+        except Exception:
+            # A prompt or a row that breaks the forward fails alone below, in its own path.
+            logger.warning("a decode step with prompts beside it failed; running them apart", exc_info=True)
+            both = None
+        if both is None:
+            self._kv.abandon()
+            return self._decode() + bisect(self._prefill_together, sequences)
+        self._kv.advance()
+        step_logits, prompt_logits = both
+        updates = accept_rows(self._rows, sample_rows(self._rows, step_logits, self._masks, self._sampler))
+        try:
+            return updates + self._finish_prefill(sequences, prompts, prompt_logits)
+        except Exception:  # nothing changed for the prompts: they prefill again, apart
+            logger.warning("prompts beside a decode step failed; prefilling them apart", exc_info=True)
+            return updates + bisect(self._prefill_together, sequences)
 
     def _reuse_prefixes(self, sequences: list[Sequence]) -> None:
         """Seed the prompts not started yet with the longest cached prefix of theirs, if any."""
@@ -347,24 +386,41 @@ class TransformersEngine:
         Nothing changes before the forward, the prompt scores and sampling have succeeded: ``bisect``
         may run it again.
         """
+        prompts = self._prompt_operands(sequences)
+        logits = self._prefill_logits(
+            prompts.input_ids, prompts.attention_mask, prompts.positions, prompts.cache, prompts.keep
+        )
+        return self._finish_prefill(sequences, prompts, logits)
+
+    def _prompt_operands(self, sequences: list[Sequence]) -> PromptForward:
+        """The padded forward's operands over the rest of each prompt: its ids, mask, positions and a
+        cache stacking what each already holds (a fresh one: the sequences' own stay as they are)."""
         rests = [s.request.prompt_token_ids[s.prefilled :] for s in sequences]
-        past, width = max(s.prefilled for s in sequences), max(len(rest) for rest in rests)
+        past = max(s.prefilled for s in sequences)
         ids, mask_rows = prefill_layout([s.prefilled for s in sequences], rests)
         input_ids, mask = torch.tensor(ids, device=self._device), torch.tensor(mask_rows, device=self._device)
         cache = stack_left_padded([s.prefill_cache for s in sequences], past, self._model.config)
         keep_all = any(sequence.wants_prompt_scores for sequence in sequences)
         positions = (mask.cumsum(dim=1) - 1).clamp(min=0)[:, past:]
         # Only the last position is sampled: skip the rest of the LM head unless prompt logprobs need it.
-        logits = self._prefill_logits(input_ids, mask, positions, cache, keep=0 if keep_all else 1)
+        return PromptForward(input_ids, mask, positions, cache, keep=0 if keep_all else 1)
+
+    def _finish_prefill(
+        self, sequences: list[Sequence], prompts: PromptForward, logits: torch.Tensor
+    ) -> list[SequenceUpdate]:
+        """Score, sample and store the prompts whose last chunk ``prompts`` ran; they join the batch."""
+        assert isinstance(prompts.cache, DynamicCache) and prompts.attention_mask is not None
+        width = prompts.input_ids.shape[1]
+        rests = [len(s.request.prompt_token_ids) - s.prefilled for s in sequences]
         prompt_scores = [
-            s.score_prompt(logits[row, width - len(r) :], s.prefilled) if s.wants_prompt_scores else []
-            for row, (s, r) in enumerate(zip(sequences, rests, strict=True))
+            s.score_prompt(logits[row, width - rest :], s.prefilled) if s.wants_prompt_scores else []
+            for row, (s, rest) in enumerate(zip(sequences, rests, strict=True))
         ]
         choices = sample_rows(sequences, logits[:, -1, :], self._masks, self._sampler)
         for sequence, scores in zip(sequences, prompt_scores, strict=True):
             sequence.prompt_scores += scores
             sequence.prefilled, sequence.prefill_cache = len(sequence.request.prompt_token_ids), None
-        batch = PaddedKVCache(cache, mask)
+        batch = PaddedKVCache(prompts.cache, prompts.attention_mask)
         self._store_prompts(sequences, batch)
         self._join_batch(sequences, batch)
         return accept_rows(sequences, choices)
