@@ -28,7 +28,7 @@ from tests.engines import VOCAB, batched_engine, request, run_to_end, scripted_l
 from worker.engine import EngineRequest
 from worker.engine.decode_attention import use_decode_attention
 from worker.engine.direct_forward import DirectForward, PromptForward, _unserved_because
-from worker.engine.hf import TransformersEngine
+from worker.engine.hf import MIXED_PROMPT_TOKENS, TransformersEngine
 from worker.engine.kv_cache import prefill_layout
 from worker.model.backend import prepare_model
 
@@ -346,3 +346,20 @@ def test_a_bad_prompt_beside_decoding_rows_fails_alone_and_the_rows_go_on(
     assert failed == {"bad"} and produced["bad"] == []
     assert {rid: produced[rid] for rid in alone} == alone
     assert produced["c"] == run_to_end(batched_engine(model), [late])["c"]
+
+
+def test_a_long_prompt_beside_decoding_rows_prefills_in_a_step_of_its_own() -> None:
+    # One forward costs what two do beside a long prompt, and its first token would wait for the
+    # rows' decode: the steps alternate.
+    model = _as_served(tiny_llama(), torch.float32)
+    engine = batched_engine(model)
+    assert engine._direct is not None
+    long_prompt = [5 + index % 50 for index in range(MIXED_PROMPT_TOKENS + 1)]
+    arrivals = {
+        0: [request("a", PROMPTS["a"], max_new_tokens=8)],
+        2: [request("long", long_prompt, max_new_tokens=4)],
+    }
+    with mock.patch.object(engine._direct, "mixed_logits", side_effect=engine._direct.mixed_logits) as mixed:
+        produced, failed = _staggered(engine, arrivals)
+    assert mixed.call_count == 0 and not failed
+    assert len(produced["a"]) == 8 and len(produced["long"]) == 4

@@ -8,12 +8,17 @@ A step is schedule, execute, update (vLLM V1's shape):
      with its own parameters and generator (``batch_sampling.py``);
   4. rows that finished leave the cache (``kv_cache.py``).
 Where the model runs the direct forward with the one-call decode attention
-(``direct_forward.py``), a step with both prompts and rows runs the rows' decode and
-one group of last chunks in one forward (``_decode_beside``; vLLM's mixed batch):
-their tokens go through every product together, one pass over the weights where two
-forwards took two. On the long workload (c=16, fp32, in process, this 2-core EPYC)
-that served 4-9 % more tokens a second than alternating the two forwards.
-Elsewhere prefill and decode alternate while prompts wait: a step that prefilled is
+(``direct_forward.py``) and the prompts prefilling have at most ``MIXED_PROMPT_TOKENS``
+left, a step runs the rows' decode and those prompts' last chunks in one forward
+(``_decode_beside``; vLLM's mixed batch): their tokens go through every product
+together, one pass over the weights where two forwards took two, and a prompt arriving
+after a prefill step does not wait for a decode step before its own. That saves a
+fixed cost (see the constant), which counts beside short prompts only: in process,
+chat at c=32 with arrivals spread got its first tokens in 197-205 ms against 237-304
+(fp32, 2-core EPYC). Beside long prompts one forward costs what two did, and mixing
+every step measured worse served (fp32 long workload, first tokens 2,543-2,813 ms
+against 2,230-2,617 alternating).
+Otherwise prefill and decode alternate while prompts wait: a step that prefilled is
 followed by one that decodes, so a burst of new prompts costs the running streams at
 most one prefill chunk between two of their tokens, as when both ran in one step.
 Apart, a step's first tokens go out when its prefill ends, not after a decode forward
@@ -87,6 +92,15 @@ from worker.engine.slot_cache import SlotKVCache
 from worker.engine.token_masks import TokenMasks
 
 logger = logging.getLogger(__name__)
+
+
+# The most prompt tokens a step runs beside its rows' decode in one forward. What one forward
+# saves over two is a fixed ~15-35 ms (a pass over the weights at few rows, the head, the Python),
+# so it counts beside short prompts only. One forward against a prefill plus a decode, in process,
+# 2-core EPYC: 45 tokens beside 8 rows 0.79x the time (fp32); 90 beside 31 rows 0.92x (fp32),
+# 0.85x (bf16); 256 beside 31 rows 0.98x; 900 beside 16 rows 1.00x. Past that the prompt's first
+# token would wait for the rows' decode for nothing: steps alternate instead (module docstring).
+MIXED_PROMPT_TOKENS = 128
 
 
 class TransformersEngine:
@@ -178,7 +192,7 @@ class TransformersEngine:
         if urgent is not None:  # the rows wait a step: all of them are less urgent than a prompt to prefill
             updates += self._prefill(urgent)
             self._prefilled_last = True
-        elif self._prefilling and self._rows and self._direct is not None and self._direct.mixes:
+        elif self._prefilling and self._rows and self._mixes_prompts():
             self._preempt()
             updates += self._prefill(self._prefilling.values(), beside_rows=True)
             self._prefilled_last = False
@@ -191,6 +205,15 @@ class TransformersEngine:
             self._prefilled_last = False
         self._drop_rows({update.request_id for update in updates if update.is_finished})
         return updates
+
+    def _mixes_prompts(self) -> bool:
+        """Whether the prompts prefilling ride in the rows' decode forward this step: the direct
+        forward can run both (``DirectForward.mixes``) and they have at most
+        ``MIXED_PROMPT_TOKENS`` left to prefill."""
+        if self._direct is None or not self._direct.mixes:
+            return False
+        left = sum(len(s.request.prompt_token_ids) - s.prefilled for s in self._prefilling.values())
+        return left <= MIXED_PROMPT_TOKENS
 
     def _urgent_prefill(self) -> list[Sequence] | None:
         """The prompts to prefill alone this step, or None for a normal step.
