@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -221,8 +221,10 @@ class DirectForward:
             keys, values, scale = kv.keys[index], kv.values[index], layer.attention.scaling
             step_qkv = qkv[:rows].unsqueeze(1)
             step = attend(step_qkv, cos, sin, keys, values, write_positions, step_mask, heads, scale)
-            prompt_qkv = qkv[rows:].view(count, width, -1)
-            attended = self._prompt_attention(layer, index, prompt_qkv, prompts.cache, prompt_rotation, mask)
+            projected = torch.split(
+                qkv[rows:].view(count, width, -1), cast(list[int], layer.qkv_widths), dim=-1
+            )
+            attended = self._attention(layer, index, projected, prompts.cache, prompt_rotation, mask)
             attended = torch.cat([step.view(rows, -1), attended.reshape(count * width, -1)]).unsqueeze(0)
             normed, hidden = layer.post_norm(layer.output(attended), hidden)
             normed, hidden = layer.next_norm(layer.mlp(normed), hidden)
@@ -232,23 +234,25 @@ class DirectForward:
         logits = self._head(torch.cat([normed[0, :rows], normed_prompts.reshape(count * kept, -1)]))
         return logits[:rows], logits[rows:].view(count, kept, -1)
 
-    def _prompt_attention(
+    def _attention(
         self,
         layer: _Layer,
         index: int,
-        qkv: Tensor,
+        projected: Sequence[Tensor],
         cache: Cache,
         rotation: tuple[Tensor, Tensor],
         mask: Tensor | None,
     ) -> Tensor:
-        """``_run``'s attention of one layer over prompts' fused QKV product ``[prompts, width, qkv]``:
-        ``[prompts, width, heads x head_dim]``, ``cache`` updated."""
-        rows, width = qkv.shape[:2]
+        """One layer's attention over its projected queries, keys and values (each ``[rows, width,
+        heads x head_dim]``): per-head norms, rotation, ``cache.update``, the attention registered.
+        ``[rows, width, heads x head_dim]``, ``cache`` updated."""
+        queries, keys, values = projected
+        rows, width = queries.shape[:2]
         head_shape = (rows, width, -1, self._head_dim)
-        queries, keys, values = torch.split(qkv, cast(list[int], layer.qkv_widths), dim=-1)
-        queries, keys = self._rotate(
-            queries.view(head_shape).transpose(1, 2), keys.view(head_shape).transpose(1, 2), *rotation
-        )
+        queries, keys = queries.view(head_shape), keys.view(head_shape)
+        if layer.query_norm is not None and layer.key_norm is not None:
+            queries, keys = layer.query_norm(queries), layer.key_norm(keys)
+        queries, keys = self._rotate(queries.transpose(1, 2), keys.transpose(1, 2), *rotation)
         keys, values = cache.update(keys, values.view(head_shape).transpose(1, 2), index)
         attended: Tensor = self._attend(
             layer.attention, queries, keys, values, mask, dropout=0.0, scaling=layer.attention.scaling
@@ -274,21 +278,11 @@ class DirectForward:
 
     def _run(self, hidden: Tensor, positions: Tensor, cache: Cache, mask: Tensor | None, keep: int) -> Tensor:
         """The decoder layers, the final norm and the head over the last ``keep`` positions (0: all)."""
-        rows, width = hidden.shape[:2]
         cos, sin = self._rotary(hidden, positions)
-        head_shape = (rows, width, -1, self._head_dim)
         normed = self._first_norm(hidden)
         for index, layer in enumerate(self._layers):
-            queries, keys, values = layer.projections(normed)
-            queries, keys = queries.view(head_shape), keys.view(head_shape)
-            if layer.query_norm is not None and layer.key_norm is not None:
-                queries, keys = layer.query_norm(queries), layer.key_norm(keys)
-            queries, keys = self._rotate(queries.transpose(1, 2), keys.transpose(1, 2), cos, sin)
-            keys, values = cache.update(keys, values.view(head_shape).transpose(1, 2), index)
-            attended, _ = self._attend(
-                layer.attention, queries, keys, values, mask, dropout=0.0, scaling=layer.attention.scaling
-            )
-            attended = attended.reshape(rows, width, -1).contiguous()
+            projected = layer.projections(normed)
+            attended = self._attention(layer, index, projected, cache, (cos, sin), mask).contiguous()
             normed, hidden = layer.post_norm(layer.output(attended), hidden)
             normed, hidden = layer.next_norm(layer.mlp(normed), hidden)
         return self._head(normed[:, -keep:, :])

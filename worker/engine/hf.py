@@ -15,9 +15,8 @@ together, one pass over the weights where two forwards took two, and a prompt ar
 after a prefill step does not wait for a decode step before its own. That saves a
 fixed cost (see the constant), which counts beside short prompts only: in process,
 chat at c=32 with arrivals spread got its first tokens in 197-205 ms against 237-304
-(fp32, 2-core EPYC). Beside long prompts one forward costs what two did, and mixing
-every step measured worse served (fp32 long workload, first tokens 2,543-2,813 ms
-against 2,230-2,617 alternating).
+(fp32, 2-core EPYC). Beside long prompts one forward costs what two did, so mixing
+them would only make their first tokens wait for the rows' decode.
 Otherwise prefill and decode alternate while prompts wait: a step that prefilled is
 followed by one that decodes, so a burst of new prompts costs the running streams at
 most one prefill chunk between two of their tokens, as when both ran in one step.
