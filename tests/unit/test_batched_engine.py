@@ -71,6 +71,34 @@ def test_a_request_joining_mid_flight_starts_within_one_step(model: LlamaForCaus
     assert {update.request_id for update in engine.step()} == {"early", "late"}
 
 
+def test_a_prefill_turn_sends_each_groups_first_tokens_in_a_step_of_its_own(model: LlamaForCausalLM) -> None:
+    requests = [
+        request("long", [(7 * i) % 100 + 1 for i in range(80)], max_new_tokens=6),
+        request("short", [40, 41, 42, 43], max_new_tokens=6),
+        request("chunked", [(3 * i) % 100 + 1 for i in range(100)], max_new_tokens=6),
+    ]
+    alone = {r.request_id: run_to_end(batched_engine(model), [r])[r.request_id] for r in requests}
+    engine = batched_engine(model, max_prefill_tokens=150)
+    engine.add(request("running", PROMPTS["a"], max_new_tokens=30))
+    engine.step()  # its prefill
+    engine.step()  # a decode step: the next step prefills
+    for arriving in requests:
+        engine.add(arriving)
+    produced: dict[str, list[int]] = {r.request_id: [] for r in requests}
+    steps = []
+    while engine.has_unfinished():
+        updates = engine.step()
+        steps.append({update.request_id for update in updates})
+        for update in updates:
+            if update.request_id in produced:
+                produced[update.request_id] += update.new_token_ids
+    # The turn's 150 tokens: "long" (80) and "short" (4) finish their prompts, in two forwards (one
+    # padded forward of 2 x 80 would cost more), the shortest first, each sent at once; then 66 of
+    # "chunked", which gives no token. The running row waits for the whole turn, then decodes.
+    assert steps[:4] == [{"short"}, {"long"}, set(), {"running", "short", "long"}]
+    assert produced == alone
+
+
 def _batch_line(request_id: str, prompt: list[int], max_new_tokens: int) -> EngineRequest:
     return replace(request(request_id, prompt, max_new_tokens=max_new_tokens), priority=BATCH_PRIORITY)
 

@@ -45,6 +45,11 @@ def test_prefill_is_chunked_by_the_step_budget_oldest_first() -> None:
     chunks = scheduler.plan_prefill([("long", 20, 25), ("short", 0, 4)])
     assert chunks == [PrefillChunk("long", 20, 25, 25), PrefillChunk("short", 0, 4, 4)]
     assert chunks[0].is_last and chunks[1].is_last
+    # What a prefill turn has left after its first forwards, not a whole budget.
+    assert scheduler.plan_prefill([("long", 20, 25), ("short", 0, 4)], budget=7) == [
+        PrefillChunk("long", 20, 25, 25),
+        PrefillChunk("short", 0, 2, 4),
+    ]
 
 
 def test_prompts_finishing_prefill_are_grouped_where_a_forward_costs_less_than_the_padding_it_saves() -> None:

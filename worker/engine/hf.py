@@ -2,8 +2,8 @@
 
 A step is schedule, execute, update (vLLM V1's shape):
   1. admit waiting requests that fit (``scheduler.py``);
-  2. prefill: at most ``max_prefill_tokens`` of new prompts, chunked; a prompt whose
-     last chunk ran samples its first token and its cache joins the batch;
+  2. prefill: a turn of at most ``max_prefill_tokens`` of new prompts, chunked; a prompt
+     whose last chunk ran samples its first token and its cache joins the batch;
   3. decode: one more token for every running row, the rows sampled together, each
      with its own parameters and generator (``batch_sampling.py``);
   4. rows that finished leave the cache (``kv_cache.py``).
@@ -23,7 +23,12 @@ most one prefill chunk between two of their tokens, as when both ran in one step
 Apart, a step's first tokens go out when its prefill ends, not after a decode forward
 of the whole batch too (a step's updates are published when it returns): the long
 workload's first tokens came ~100 ms sooner (a 16-row decode at ~1,200 columns, fp32,
-2-core Xeon). One exception prefills even after a
+2-core Xeon). For the same reason a prefill turn (its budget's chunks, planned at once)
+runs over as many steps as it has forwards that give first tokens: the groups of last
+chunks, shortest first, then the earlier chunks of longer prompts, which give none. Each
+step ends after one such forward, so its prompts' first tokens go out before the next
+group's forward, not after the whole turn's (up to ~2 s of fp32 prefill here); the rows
+still wait for the whole turn, as when it ran in one step. One exception prefills even after a
 prefill: when a prompt to prefill is more urgent than every running row (an
 interactive request beside batch-lane rows only), the step prefills the prompts of
 that priority alone and the rows wait, so the request's first token does not wait
@@ -122,6 +127,7 @@ class TransformersEngine:
         self._prefilling: dict[str, Sequence] = {}
         self._rows: list[Sequence] = []  # row i of the cache is self._rows[i]
         self._prefilled_last = False  # the last step prefilled: the next one decodes (see the docstring)
+        self._turn_left: int | None = None  # prefill tokens the turn under way has left; None: no turn
         self._kv: SlotKVCache | None = None
         # Decode steps attend through ``decode_attention.py`` where the model allows it; others keep
         # their attention and get the slot cache's mask as an additive float mask.
@@ -191,6 +197,9 @@ class TransformersEngine:
         if urgent is not None:  # the rows wait a step: all of them are less urgent than a prompt to prefill
             updates += self._prefill(urgent)
             self._prefilled_last = True
+        elif self._prefilling and self._turn_left is not None:  # the rest of a prefill turn
+            updates += self._prefill(self._prefilling.values())
+            self._prefilled_last = True
         elif self._prefilling and self._rows and self._mixes_prompts():
             self._preempt()
             updates += self._prefill(self._prefilling.values(), beside_rows=True)
@@ -201,7 +210,7 @@ class TransformersEngine:
         else:
             self._preempt()
             updates += self._decode()
-            self._prefilled_last = False
+            self._prefilled_last, self._turn_left = False, None
         self._drop_rows({update.request_id for update in updates if update.is_finished})
         return updates
 
@@ -325,25 +334,55 @@ class TransformersEngine:
         return output.logits[:, -1, :]  # type: ignore[no-any-return]
 
     def _prefill(self, candidates: Iterable[Sequence], beside_rows: bool = False) -> list[SequenceUpdate]:
-        """Prefill this step's chunks of ``candidates``; ``beside_rows``: the rows decode too, in the
-        forward of one group of last chunks where there is one (``_decode_beside``)."""
+        """Prefill this step's part of a prefill turn over ``candidates``: its forwards up to the first
+        that gives first tokens, the turn going on next step while forwards remain (the docstring's
+        turns). ``beside_rows``: the whole plan now, the rows decoding in the forward of one group of
+        last chunks where there is one (``_decode_beside``)."""
         # Interactive prompts are prefilled before batch ones (sorted() is stable: FIFO within a priority).
         prefilling = sorted(candidates, key=lambda s: s.request.priority)
         self._reuse_prefixes(prefilling)
         if self._compute_shared_prefixes(prefilling):
             self._reuse_prefixes(prefilling)
         progress = [(s.request_id, s.prefilled, len(s.request.prompt_token_ids)) for s in prefilling]
-        chunks = self._scheduler.plan_prefill(progress)
-        updates = [self._prefill_chunk(chunk) for chunk in chunks if not chunk.is_last]
-        # Prompts whose last chunk runs now share padded forwards, grouped to bound the padding.
-        last = [self._prefilling.pop(c.request_id) for c in chunks if c.is_last]
-        rests = [len(s.request.prompt_token_ids) - s.prefilled for s in last]
-        groups = [[last[index] for index in group] for group in group_by_length(rests)]
+        budget = self._scheduler.limits.max_prefill_tokens if self._turn_left is None else self._turn_left
+        units = self._prefill_units(self._scheduler.plan_prefill(progress, budget))
         if beside_rows:  # before the other groups join: a row decodes once a step
-            updates += self._decode_beside(groups.pop() if groups else [])
-        for group in groups:
-            updates += bisect(self._prefill_together, group)
-        return [update for update in updates if update is not None]
+            self._turn_left = None
+            groups = [unit for unit in units if unit[0].is_last]
+            beside = groups.pop() if groups else []
+            updates = [update for unit in units if not unit[0].is_last for update in self._run_unit(unit)]
+            updates += self._decode_beside([self._prefilling.pop(chunk.request_id) for chunk in beside])
+            return updates + [update for unit in groups for update in self._run_unit(unit)]
+        updates = []
+        for index, unit in enumerate(units):
+            updates += self._run_unit(unit)
+            budget -= sum(chunk.stop - chunk.start for chunk in unit)
+            if updates and index + 1 < len(units):  # these first tokens go out now; the turn goes on
+                self._turn_left = budget
+                return updates
+        self._turn_left = None
+        return updates
+
+    def _prefill_units(self, chunks: list[PrefillChunk]) -> list[list[PrefillChunk]]:
+        """A plan's forwards in the order they run. First the prompts whose last chunk runs, in padded
+        groups of similar rests (``group_by_length``): the most urgent priority first, the shortest
+        first within one. Then the earlier chunks of longer prompts, one forward each: they give no
+        first token, so nothing waits for them."""
+        last = [chunk for chunk in chunks if chunk.is_last]
+        priority = {chunk.request_id: self._prefilling[chunk.request_id].request.priority for chunk in last}
+        units: list[list[PrefillChunk]] = []
+        for level in sorted(set(priority.values())):
+            ours = [chunk for chunk in last if priority[chunk.request_id] == level]
+            groups = group_by_length([chunk.stop - chunk.start for chunk in ours])
+            units += [[ours[index] for index in group] for group in groups]
+        return units + [[chunk] for chunk in chunks if not chunk.is_last]
+
+    def _run_unit(self, unit: list[PrefillChunk]) -> list[SequenceUpdate]:
+        """One prefill forward: an earlier chunk of a prompt, or last chunks that then join the batch."""
+        if not unit[0].is_last:
+            update = self._prefill_chunk(unit[0])
+            return [] if update is None else [update]
+        return bisect(self._prefill_together, [self._prefilling.pop(chunk.request_id) for chunk in unit])
 
     def _decode_beside(self, sequences: list[Sequence]) -> list[SequenceUpdate]:
         """The rows' decode step and the last chunks of ``sequences``' prompts in one forward

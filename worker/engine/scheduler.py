@@ -135,9 +135,12 @@ class Scheduler:
         padded = (len(lengths) + 1) * max(*lengths, length)
         return padded <= self.limits.max_batch_tokens
 
-    def plan_prefill(self, progress: list[tuple[str, int, int]]) -> list[PrefillChunk]:
-        """Chunks to prefill this step from (request_id, prefilled, prompt_length), oldest first."""
-        budget = self.limits.max_prefill_tokens
+    def plan_prefill(
+        self, progress: list[tuple[str, int, int]], budget: int | None = None
+    ) -> list[PrefillChunk]:
+        """Chunks to prefill from (request_id, prefilled, prompt_length), oldest first, in ``budget``
+        tokens (``max_prefill_tokens`` unless given: what a prefill turn has left)."""
+        budget = self.limits.max_prefill_tokens if budget is None else budget
         chunks: list[PrefillChunk] = []
         for request_id, prefilled, prompt_length in progress:
             if budget <= 0:
