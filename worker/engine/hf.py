@@ -25,7 +25,8 @@ of the whole batch too (a step's updates are published when it returns): the lon
 workload's first tokens came ~100 ms sooner (a 16-row decode at ~1,200 columns, fp32,
 2-core Xeon). For the same reason a prefill turn (its budget's chunks, planned at once)
 runs over as many steps as it has forwards that give first tokens: the groups of last
-chunks, shortest first, then the earlier chunks of longer prompts, which give none. Each
+chunks (the most urgent first, then the shortest), then the earlier chunks of longer
+prompts, which give none. Each
 step ends after one such forward, so its prompts' first tokens go out before the next
 group's forward, not after the whole turn's (up to ~2 s of fp32 prefill here); the rows
 still wait for the whole turn, as when it ran in one step. One exception prefills even after a
