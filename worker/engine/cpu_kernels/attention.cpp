@@ -567,43 +567,47 @@ void prefill_task(
     // fp32 arithmetic: this block's columns of the head's widened keys and values.
     const float* block_keys = widened.keys_t + j0;
     const float* block_values = widened.values + j0 * D;
-    // Scores: a 6 x 64 tile per step, the query element broadcast against 64 keys.
+    // Scores: a 6 x 64 tile per step, the query element broadcast against 64 keys; 6 x 32 where
+    // the block has 32 keys or fewer (a causal chunk's last block, every other query block).
+    const int vecs = n <= 32 ? 2 : 4;  // vectors of 16 scores per row in this block
+    auto score_tiles = [&](auto width) {
+    constexpr int NC = decltype(width)::value;
     for (int64_t r0 = 0; r0 < rows; r0 += kScoreRows) {
-      __m512 tile[kScoreRows][4];
+      __m512 tile[kScoreRows][NC];
       for (int r = 0; r < kScoreRows; ++r)
-        for (int c = 0; c < 4; ++c) tile[r][c] = _mm512_setzero_ps();
+        for (int c = 0; c < NC; ++c) tile[r][c] = _mm512_setzero_ps();
       if constexpr (dots) {
 #ifdef TOKENFERRY_AVX512_BF16
         const uint32_t* q32 = reinterpret_cast<const uint32_t*>(q16.data());
         for (int d2 = 0; d2 < D / 2; ++d2) {
           const uint32_t* kt = widened.key_pairs + d2 * widened.stride + j0;
-          const __m512bh k0 = (__m512bh)_mm512_loadu_si512(kt), k1 = (__m512bh)_mm512_loadu_si512(kt + 16);
-          const __m512bh k2 = (__m512bh)_mm512_loadu_si512(kt + 32), k3 = (__m512bh)_mm512_loadu_si512(kt + 48);
+          __m512bh keys[NC];
+          for (int c = 0; c < NC; ++c) keys[c] = (__m512bh)_mm512_loadu_si512(kt + 16 * c);
           for (int r = 0; r < kScoreRows; ++r) {
             const __m512bh qd = (__m512bh)_mm512_set1_epi32(static_cast<int>(q32[((r0 + r) * D) / 2 + d2]));
-            tile[r][0] = _mm512_dpbf16_ps(tile[r][0], qd, k0);
-            tile[r][1] = _mm512_dpbf16_ps(tile[r][1], qd, k1);
-            tile[r][2] = _mm512_dpbf16_ps(tile[r][2], qd, k2);
-            tile[r][3] = _mm512_dpbf16_ps(tile[r][3], qd, k3);
+            for (int c = 0; c < NC; ++c) tile[r][c] = _mm512_dpbf16_ps(tile[r][c], qd, keys[c]);
           }
         }
 #endif
       } else {
         for (int d = 0; d < D; ++d) {
           const float* kt = block_keys + d * widened.stride;
-          const __m512 k0 = _mm512_loadu_ps(kt), k1 = _mm512_loadu_ps(kt + 16);
-          const __m512 k2 = _mm512_loadu_ps(kt + 32), k3 = _mm512_loadu_ps(kt + 48);
+          __m512 keys[NC];
+          for (int c = 0; c < NC; ++c) keys[c] = _mm512_loadu_ps(kt + 16 * c);
           for (int r = 0; r < kScoreRows; ++r) {
             const __m512 qd = _mm512_set1_ps(qf[(r0 + r) * D + d]);
-            tile[r][0] = _mm512_fmadd_ps(qd, k0, tile[r][0]);
-            tile[r][1] = _mm512_fmadd_ps(qd, k1, tile[r][1]);
-            tile[r][2] = _mm512_fmadd_ps(qd, k2, tile[r][2]);
-            tile[r][3] = _mm512_fmadd_ps(qd, k3, tile[r][3]);
+            for (int c = 0; c < NC; ++c) tile[r][c] = _mm512_fmadd_ps(qd, keys[c], tile[r][c]);
           }
         }
       }
       for (int r = 0; r < kScoreRows; ++r)
-        for (int c = 0; c < 4; ++c) _mm512_store_ps(scores + (r0 + r) * kKeyBlock + 16 * c, tile[r][c]);
+        for (int c = 0; c < NC; ++c) _mm512_store_ps(scores + (r0 + r) * kKeyBlock + 16 * c, tile[r][c]);
+    }
+    };
+    if (vecs == 2) {
+      score_tiles(std::integral_constant<int, 2>{});
+    } else {
+      score_tiles(std::integral_constant<int, 4>{});
     }
     // Masks and the online softmax, 16 rows at a time: each row's maximum and sum come out of
     // transposing reductions (``across16``) into one lane each, and the rows' maxima, rescales
@@ -620,7 +624,7 @@ void prefill_task(
         const int64_t r = r0 + k, i = r / groups;
         float* s = scores + r * kKeyBlock;
         const bool* mrow = mask == nullptr ? nullptr : mask + (q0 + i) * m_q;
-        for (int c = 0; c < 4; ++c) {
+        for (int c = 0; c < vecs; ++c) {
           const int64_t base = j0 + 16 * c;
           const __mmask16 keep = lanes_between(std::max(lo[i], base) - base, std::min({hi[i], j0 + n, base + 16}) - base) &
               (mrow == nullptr ? __mmask16(0xFFFF) : mask_lanes(mrow, base, shape.k_len, m_k));
@@ -643,7 +647,7 @@ void prefill_task(
         if (k >= count) continue;
         float* s = scores + (r0 + k) * kKeyBlock;
         const __m512 shift = _mm512_set1_ps(shifts[k]);
-        for (int c = 0; c < 4; ++c) {
+        for (int c = 0; c < vecs; ++c) {
           const __m512 e = __m512(fVec(_mm512_sub_ps(_mm512_load_ps(s + 16 * c), shift)).exp_u20());
           _mm512_store_ps(s + 16 * c, e);
           lanes[k] = _mm512_add_ps(lanes[k], e);
@@ -652,7 +656,7 @@ void prefill_task(
 #ifdef TOKENFERRY_AVX512_BF16
           // Two vectors of 16 weights to 32 bf16 at a time (round to nearest even, as at::BFloat16).
           __m512i* pr = reinterpret_cast<__m512i*>(p16.data() + (r0 + k) * (kKeyBlock / 2));
-          for (int c = 0; c < 2; ++c) {
+          for (int c = 0; c < vecs / 2; ++c) {
             const __m512bh pair = _mm512_cvtne2ps_pbh(_mm512_load_ps(s + 32 * c + 16), _mm512_load_ps(s + 32 * c));
             _mm512_storeu_si512(pr + c, (__m512i)pair);
           }
