@@ -10,18 +10,10 @@ which the OpenAI SDK raises as an APIError, and the stream ends without ``[DONE]
 
 Frames use ``\\n`` line endings: the SSE spec allows all three, and ``\\n`` is what
 OpenAI itself sends.
-
-Each frame is written as bytes straight from its JSON (``data_frame``), and each send goes
-to the server as it is: sse-starlette's own path (a ``ServerSentEvent`` encoded through a
-``StringIO`` and a cancel scope with a timer around every send) took about 15 % of the
-gateway's CPU per relayed token (docs/performance.md). The send timeout is watched by the
-keep-alive task instead, which wakes every ``WATCH_S``.
 """
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from contextlib import aclosing
 from typing import Any
@@ -29,15 +21,11 @@ from typing import Any
 import anyio
 from pydantic import BaseModel
 from sse_starlette import EventSourceResponse, ServerSentEvent
-from sse_starlette.event import ensure_bytes
-from sse_starlette.sse import SendTimeoutError
 from starlette.types import Receive, Scope, Send
 
 from gateway.http.errors import error_body, to_domain_error
 from shared.jobs.streams import StreamEvent
 from shared.protocol import TokenEvent
-
-logger = logging.getLogger(__name__)
 
 DONE = "[DONE]"
 SEPARATOR = "\n"
@@ -45,15 +33,12 @@ SEPARATOR = "\n"
 KEEPALIVE_S = 15.0
 # A reader that takes no bytes for this long is treated as gone (and its job aborted).
 SEND_TIMEOUT_S = 30.0
-# How often a response's keep-alive task looks for a send stuck past SEND_TIMEOUT_S.
-WATCH_S = 5.0
 # The default of GatewaySettings.drain_grace_s, for callers without settings at hand.
 DRAIN_GRACE_S = 30.0
 
 ChunkMaker = Callable[[TokenEvent], Sequence[BaseModel]]
 OnClose = Callable[[], Awaitable[None]]
-Frame = ServerSentEvent | bytes
-FrameMaker = Callable[[StreamEvent], Iterable[Frame]]
+FrameMaker = Callable[[StreamEvent], Iterable[ServerSentEvent]]
 # What a relay hands over: one event, or every event that had arrived (written as one send).
 Relayed = StreamEvent | list[StreamEvent]
 
@@ -77,22 +62,13 @@ def event_stream(
         rest,
         lambda item: _event_frames(item, to_chunks),
         _error_frame,
-        done=data_frame(DONE),
+        done=ServerSentEvent(data=DONE, sep=SEPARATOR),
     )
     return sse_response(frames, drain_grace_s=drain_grace_s, on_close=on_close)
 
 
-def data_frame(data: str, entry_id: str | None = None) -> bytes:
-    """One ``data:`` frame (with its ``id:`` where given), as sse-starlette encodes it.
-
-    ``data`` is one line (JSON never holds a raw line break), so it needs no splitting.
-    """
-    head = f"id: {entry_id}{SEPARATOR}" if entry_id is not None else ""
-    return f"{head}data: {data}{SEPARATOR}{SEPARATOR}".encode()
-
-
 def sse_response(
-    frames: AsyncIterator[Frame],
+    frames: AsyncIterator[ServerSentEvent | bytes],
     *,
     drain_grace_s: float | None = None,
     on_close: OnClose | None = None,
@@ -117,56 +93,11 @@ class _ClosingEventSourceResponse(EventSourceResponse):
 
     Here rather than in the frames' generator: a generator never started (its client
     left before the first frame) never runs its ``finally``; the response always returns.
-    sse-starlette's tasks stay (disconnect, server exit and its grace, keep-alives); its
-    per-frame path is replaced (the module's docstring says why).
     """
 
     def __init__(self, *args: Any, on_close: OnClose | None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._on_close = on_close
-        self._sending_since: float | None = None  # when the send in progress began
-
-    async def _stream_response(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
-        try:
-            async for frame in self.body_iterator:
-                body = frame if isinstance(frame, bytes) else ensure_bytes(frame, SEPARATOR)
-                self._sending_since = time.monotonic()
-                await send({"type": "http.response.body", "body": body, "more_body": True})
-                self._sending_since = None
-        except BaseException:
-            # Cancelled (the client left, the send timed out) or failed while the generator is
-            # suspended at its yield: close it here, so its cleanup runs before this returns.
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                with anyio.move_on_after(self._cleanup_timeout, shield=True):
-                    try:
-                        await aclose()
-                    except Exception:
-                        logger.exception("closing a stream's frames after it was cut off failed")
-            raise
-        async with self._send_lock:
-            self.active = False
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def _ping(self, send: Send) -> None:
-        """Keep-alives every ``ping_interval`` and, every ``WATCH_S``, the send timeout: a frame's
-        send stuck for ``send_timeout`` ends the response as sse-starlette's own timeout would."""
-        next_ping = time.monotonic() + self.ping_interval
-        while self.active:
-            await anyio.sleep(min(WATCH_S, max(0.0, next_ping - time.monotonic())))
-            now = time.monotonic()
-            since = self._sending_since
-            if since is not None and self.send_timeout is not None and now - since >= self.send_timeout:
-                raise SendTimeoutError()
-            if now < next_ping:
-                continue
-            next_ping = now + self.ping_interval
-            async with self._send_lock:
-                if self.active:
-                    body = _keepalive().encode()
-                    message = {"type": "http.response.body", "body": body, "more_body": True}
-                    await self._send_with_timeout(send, message)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -180,10 +111,10 @@ async def relayed_frames(
     first: StreamEvent | None,
     rest: AsyncGenerator[Relayed, None],
     to_frames: FrameMaker,
-    error_frame: Callable[[Exception], Frame],
+    error_frame: Callable[[Exception], ServerSentEvent],
     *,
-    done: Frame | None = None,
-) -> AsyncIterator[Frame]:
+    done: ServerSentEvent | None = None,
+) -> AsyncIterator[ServerSentEvent | bytes]:
     """The frames of ``first`` then of each event of ``rest``, then ``done`` (if any).
 
     The frames of a batch of events go out encoded together, as one send: each send costs
@@ -217,23 +148,26 @@ def _encoded_frames(batch: list[StreamEvent], to_frames: FrameMaker) -> tuple[by
     try:
         for item in batch:
             for frame in to_frames(item):
-                encoded += frame if isinstance(frame, bytes) else frame.encode()
+                encoded += frame.encode()
     except Exception as exc:
         return bytes(encoded), exc
     return bytes(encoded), None
 
 
-def _event_frames(item: StreamEvent, to_chunks: ChunkMaker) -> list[bytes]:
+def _event_frames(item: StreamEvent, to_chunks: ChunkMaker) -> list[ServerSentEvent]:
     chunks = to_chunks(item.event)
-    last = len(chunks) - 1
     return [
-        data_frame(chunk.model_dump_json(), item.entry_id if position == last else None)
+        ServerSentEvent(
+            data=chunk.model_dump_json(),
+            id=item.entry_id if position == len(chunks) - 1 else None,
+            sep=SEPARATOR,
+        )
         for position, chunk in enumerate(chunks)
     ]
 
 
-def _error_frame(exc: Exception) -> bytes:
-    return data_frame(error_body(to_domain_error(exc)).model_dump_json())
+def _error_frame(exc: Exception) -> ServerSentEvent:
+    return ServerSentEvent(data=error_body(to_domain_error(exc)).model_dump_json(), sep=SEPARATOR)
 
 
 def _keepalive() -> ServerSentEvent:
