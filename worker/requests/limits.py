@@ -68,7 +68,7 @@ _RULES: tuple[_Rule, ...] = (
 
 def check_prompt_ids(token_ids: Sequence[int], limits: ModelLimits, param: str) -> None:
     """Every id must be one the model's embedding has."""
-    if not token_ids or (0 <= min(token_ids) and max(token_ids) < limits.vocab_size):
+    if not token_ids or (min(token_ids) >= 0 and max(token_ids) < limits.vocab_size):
         return  # min and max run in C: a generator over a long prompt cost ~3 % of a request's CPU
     bad = next((token for token in token_ids if not 0 <= token < limits.vocab_size), None)
     if bad is not None:
