@@ -793,41 +793,7 @@ at::Tensor prefill_attention(
     std::unique_ptr<float[]> widened_buffer(new float[static_cast<size_t>(heads * per_head + 16)]);
     float* widened_base =
         reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(widened_buffer.get()) + 63) & ~uintptr_t(63));
-    if constexpr (kDots) {
-      constexpr int64_t kChunk = 256;
-      const int64_t chunks = (shape.k_len + kChunk - 1) / kChunk;
-#pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
-      for (int64_t t = 0; t < heads * chunks; ++t) {
-        const int64_t h = t / chunks, b = h / shape.kv_heads, kv = h % shape.kv_heads;
-        const int64_t c0 = (t % chunks) * kChunk, c1 = std::min(shape.k_len, c0 + kChunk);
-        const T* k = kb + b * key.stride(0) + kv * key.stride(1);
-        const T* v = vb + b * value.stride(0) + kv * value.stride(1);
-        uint32_t* pairs = reinterpret_cast<uint32_t*>(widened_base + h * per_head);
-        __m512i* value_pairs = reinterpret_cast<__m512i*>(pairs + head_dim / 2 * stride);
-        const int64_t words = head_dim / 32;  // vectors of 32 bf16 per value row
-        for (int64_t c = c0; c < c1; ++c) {
-          const uint32_t* kc = reinterpret_cast<const uint32_t*>(k + c * key.stride(2));
-          for (int64_t d2 = 0; d2 < head_dim / 2; ++d2) pairs[d2 * stride + c] = kc[d2];
-        }
-        const __m512i zero = _mm512_setzero_si512();
-        for (int64_t c = c0; c < c1; c += 2) {  // c0 is even
-          for (int64_t w = 0; w < words; ++w) {
-            const __m512i a = _mm512_loadu_si512(v + c * value.stride(2) + 32 * w);
-            const __m512i b = c + 1 < c1 ? _mm512_loadu_si512(v + (c + 1) * value.stride(2) + 32 * w) : zero;
-            value_pairs[(c / 2) * 2 * words + 2 * w] = _mm512_unpacklo_epi16(a, b);
-            value_pairs[(c / 2) * 2 * words + 2 * w + 1] = _mm512_unpackhi_epi16(a, b);
-          }
-        }
-        if (c1 == shape.k_len) {  // the head's last chunk: zeros past its last key
-          for (int64_t d2 = 0; d2 < head_dim / 2; ++d2) {
-            std::fill(pairs + d2 * stride + shape.k_len, pairs + (d2 + 1) * stride, 0u);
-          }
-          for (int64_t p = (shape.k_len + 1) / 2; p < stride / 2; ++p) {
-            for (int64_t x = 0; x < 2 * words; ++x) value_pairs[p * 2 * words + x] = zero;
-          }
-        }
-      }
-    } else {
+    {  // each head's keys and values laid out once, in chunks of keys over both threads
       constexpr int64_t kChunk = 256;  // keys per task: a few heads still keep both threads busy
       const int64_t chunks = (shape.k_len + kChunk - 1) / kChunk;
 #pragma omp parallel for schedule(static) num_threads(at::get_num_threads())
@@ -836,19 +802,46 @@ at::Tensor prefill_attention(
         const int64_t c0 = (t % chunks) * kChunk, c1 = std::min(shape.k_len, c0 + kChunk);
         const T* k = kb + b * key.stride(0) + kv * key.stride(1);
         const T* v = vb + b * value.stride(0) + kv * value.stride(1);
-        float* keys_t = widened_base + h * per_head;
-        float* values = keys_t + head_dim * stride;
-        for (int64_t c = c0; c < c1; ++c) {
-          const T* kc = k + c * key.stride(2);
-          const T* vc = v + c * value.stride(2);
-          for (int64_t d = 0; d < head_dim; ++d) keys_t[d * stride + c] = static_cast<float>(kc[d]);
-          for (int64_t d = 0; d < head_dim; d += 16) load_floats(vc + d).store(values + c * head_dim + d);
-        }
-        if (c1 == shape.k_len) {  // the head's last chunk: zeros past its last key
-          for (int64_t d = 0; d < head_dim; ++d) {
-            std::fill(keys_t + d * stride + shape.k_len, keys_t + (d + 1) * stride, 0.0f);
+        if constexpr (kDots) {
+          uint32_t* pairs = reinterpret_cast<uint32_t*>(widened_base + h * per_head);
+          __m512i* value_pairs = reinterpret_cast<__m512i*>(pairs + head_dim / 2 * stride);
+          const int64_t words = head_dim / 32;  // vectors of 32 bf16 per value row
+          for (int64_t c = c0; c < c1; ++c) {
+            const uint32_t* kc = reinterpret_cast<const uint32_t*>(k + c * key.stride(2));
+            for (int64_t d2 = 0; d2 < head_dim / 2; ++d2) pairs[d2 * stride + c] = kc[d2];
           }
-          std::fill(values + shape.k_len * head_dim, values + (shape.k_len + kKeyBlock) * head_dim, 0.0f);
+          const __m512i zero = _mm512_setzero_si512();
+          for (int64_t c = c0; c < c1; c += 2) {  // c0 is even
+            for (int64_t w = 0; w < words; ++w) {
+              const __m512i a = _mm512_loadu_si512(v + c * value.stride(2) + 32 * w);
+              const __m512i b = c + 1 < c1 ? _mm512_loadu_si512(v + (c + 1) * value.stride(2) + 32 * w) : zero;
+              value_pairs[(c / 2) * 2 * words + 2 * w] = _mm512_unpacklo_epi16(a, b);
+              value_pairs[(c / 2) * 2 * words + 2 * w + 1] = _mm512_unpackhi_epi16(a, b);
+            }
+          }
+          if (c1 == shape.k_len) {  // the head's last chunk: zeros past its last key
+            for (int64_t d2 = 0; d2 < head_dim / 2; ++d2) {
+              std::fill(pairs + d2 * stride + shape.k_len, pairs + (d2 + 1) * stride, 0u);
+            }
+            for (int64_t p = (shape.k_len + 1) / 2; p < stride / 2; ++p) {
+              for (int64_t x = 0; x < 2 * words; ++x) value_pairs[p * 2 * words + x] = zero;
+            }
+          }
+        } else {
+          float* keys_t = widened_base + h * per_head;
+          float* values = keys_t + head_dim * stride;
+          for (int64_t c = c0; c < c1; ++c) {
+            const T* kc = k + c * key.stride(2);
+            const T* vc = v + c * value.stride(2);
+            for (int64_t d = 0; d < head_dim; ++d) keys_t[d * stride + c] = static_cast<float>(kc[d]);
+            for (int64_t d = 0; d < head_dim; d += 16) load_floats(vc + d).store(values + c * head_dim + d);
+          }
+          if (c1 == shape.k_len) {  // the head's last chunk: zeros past its last key
+            for (int64_t d = 0; d < head_dim; ++d) {
+              std::fill(keys_t + d * stride + shape.k_len, keys_t + (d + 1) * stride, 0.0f);
+            }
+            std::fill(values + shape.k_len * head_dim, values + (shape.k_len + kKeyBlock) * head_dim, 0.0f);
+          }
         }
       }
     }
