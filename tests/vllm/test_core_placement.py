@@ -1,5 +1,6 @@
 """Where ``--engine vllm`` runs vLLM's engine core: in the worker on CPU at half precision, in a child
-process at fp32, as the option says when it is set, and as the environment says when it is not."""
+process at fp32, as the option says when it is set, and as the environment says when it is not; and
+how many prompt tokens a core step takes on CPU."""
 
 from __future__ import annotations
 
@@ -34,3 +35,12 @@ def test_the_option_decides_when_set_and_the_environment_when_not(monkeypatch: p
     monkeypatch.setenv(VARIABLE, "1")
     launch._place_engine_core(WorkerSettings(engine="vllm", dtype="bfloat16"))
     assert os.environ[VARIABLE] == "1"
+
+
+def test_a_core_step_takes_512_prompt_tokens_on_cpu_unless_the_option_says() -> None:
+    def batched(**settings: object) -> int:
+        arguments = launch._engine_args(WorkerSettings(engine="vllm", **settings), "/nowhere", True)
+        return int(arguments.max_num_batched_tokens)
+
+    assert batched() == launch.CPU_BATCHED_TOKENS == 512
+    assert batched(max_prefill_tokens=2048) == 2048
