@@ -39,8 +39,8 @@ def test_the_option_decides_when_set_and_the_environment_when_not(monkeypatch: p
 
 def test_a_core_step_takes_512_prompt_tokens_on_cpu_unless_the_option_says() -> None:
     def batched(**settings: object) -> int:
-        arguments = launch._engine_args(WorkerSettings(engine="vllm", **settings), "/nowhere", True)
-        return int(arguments.max_num_batched_tokens)
+        options = launch.engine_options(WorkerSettings(engine="vllm", **settings), "/a/model", True)
+        return int(options["max_num_batched_tokens"])
 
     assert batched() == launch.CPU_BATCHED_TOKENS == 512
     assert batched(max_prefill_tokens=2048) == 2048

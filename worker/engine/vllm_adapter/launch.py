@@ -171,8 +171,14 @@ def _half_precision_on_cpu(dtype: str) -> bool:
 
 
 def _engine_args(settings: WorkerSettings, location: str, takes_revision: bool) -> Any:
-    from vllm.config import StructuredOutputsConfig
     from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(**engine_options(settings, location, takes_revision))
+
+
+def engine_options(settings: WorkerSettings, location: str, takes_revision: bool) -> dict[str, Any]:
+    """vLLM's engine arguments for ``settings``, by name (``EngineArgs`` checks the model when built)."""
+    from vllm.config import StructuredOutputsConfig
 
     explicit = settings.model_fields_set
     structured = StructuredOutputsConfig(
@@ -199,7 +205,7 @@ def _engine_args(settings: WorkerSettings, location: str, takes_revision: bool) 
         options["gpu_memory_utilization"] = settings.gpu_memory_utilization
     if settings.revision and takes_revision:
         options["revision"] = settings.revision
-    return EngineArgs(**options)
+    return options
 
 
 def _generation_config(generation_config_class: Any, location: str) -> dict[str, Any]:
