@@ -35,8 +35,8 @@ CORE_PLACEMENT = "VLLM_ENABLE_V1_MULTIPROCESSING"
 # 2,048). A CPU's products run as fast at 512 rows as at 2,048 (bf16 426 GFLOP/s at 512 and 900 rows
 # here), so a burst of prompts split over steps costs no throughput, and the prompts in the first
 # steps get their first tokens after those steps instead of after one step of them all. On the
-# 2-core EPYC, bf16 and fp32 chat at c=32: first token 0.73-0.75x vLLM's server against 1.05-1.15x
-# with 2,048; long prompts (300-1,500 tokens, c=16): 1.14x against 0.9-1.08x (docs/performance.md).
+# 2-core EPYC, bf16 and fp32 chat at c=32: first token 0.69-0.77x vLLM's server against 1.05-1.15x
+# with 2,048; long prompts (300-1,500 tokens, c=16): 1.10-1.14x against 0.86-1.08x (docs/performance.md).
 CPU_BATCHED_TOKENS = 512
 
 # Read only by the native engine: named in a warning when set with --engine vllm.
