@@ -273,7 +273,10 @@ class WorkerSettings(TokenferrySettings):
     max_prefill_tokens: Annotated[int, SCHEDULING] = Field(
         2048,
         gt=0,
-        description="Prompt tokens prefilled between two decode steps (chunked).",
+        description=(
+            "Prompt tokens prefilled between two decode steps (chunked; --engine vllm on CPU: 512 unless"
+            " set)."
+        ),
         json_schema_extra=cli("--max-num-batched-tokens"),
     )
     max_num_beams: Annotated[int, SCHEDULING] = Field(
