@@ -40,34 +40,18 @@ logger = logging.getLogger(__name__)
 
 
 class SchedulerCounts:
-    """The latest scheduler statistics vLLM recorded: a stat logger of its own (``StatLoggerBase``)."""
+    """The latest scheduler statistics of vLLM's core: the cache's use and the prefix hits so far."""
 
     def __init__(self) -> None:
         self.kv_usage = 0.0
         self.prefix_hit_tokens = 0
 
-    def factory(self, vllm_config: Any, engine_index: int = 0) -> Any:
-        """What vLLM's ``stat_loggers`` takes: builds the logger that fills these counts."""
-        from vllm.v1.metrics.loggers import StatLoggerBase
-
-        counts = self
-
-        class _Recorder(StatLoggerBase):  # type: ignore[misc]
-            def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
-                pass
-
-            def record(self, scheduler_stats: Any, iteration_stats: Any, *args: Any, **kwargs: Any) -> None:
-                if scheduler_stats is None:
-                    return
-                counts.kv_usage = float(scheduler_stats.kv_cache_usage)
-                prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
-                if prefix is not None:
-                    counts.prefix_hit_tokens += int(prefix.hits)
-
-            def log_engine_initialized(self) -> None:
-                pass
-
-        return _Recorder(vllm_config, engine_index)
+    def record(self, scheduler_stats: Any) -> None:
+        """Take one core step's ``SchedulerStats``."""
+        self.kv_usage = float(scheduler_stats.kv_cache_usage)
+        prefix = getattr(scheduler_stats, "prefix_cache_stats", None)
+        if prefix is not None:
+            self.prefix_hit_tokens += int(prefix.hits)
 
 
 class VllmEngine:
@@ -127,7 +111,7 @@ class VllmEngine:
             with self._wait_guard:
                 outputs = wait_for_outputs(self._engine)
             with self._lock:
-                progress = self._collect(process_outputs(self._engine, outputs))
+                progress = self._collect(process_outputs(self._engine, outputs, self._counts.record))
             updates += progress
             if progress:
                 break

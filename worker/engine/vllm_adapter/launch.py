@@ -95,12 +95,10 @@ def load_vllm_backend(
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{settings.cpu_kvcache_space_gb:g}"
     _place_engine_core(settings)
     tie_engine_core_to_this_process()
-    counts = SchedulerCounts()
     try:
         engine = LLMEngine.from_engine_args(
             _engine_args(settings, location, source.gguf_file is None),
             usage_context=UsageContext.OPENAI_API_SERVER,
-            stat_loggers=[counts.factory],
         )
     except (OSError, ValueError) as error:
         raise ModelLoadError(f"vLLM cannot load model {settings.model!r}: {error}") from error
@@ -126,7 +124,7 @@ def load_vllm_backend(
         "vLLM engine up for %s (%s) in %.0f s", settings.model, model_config.dtype, time.monotonic() - started
     )
     return Backend(
-        VllmEngine(engine, counts, tokenizer.eos_token_ids, kv_tokens),
+        VllmEngine(engine, SchedulerCounts(), tokenizer.eos_token_ids, kv_tokens),
         tokenizer,
         generation_config,
         int(model_config.max_model_len),
@@ -195,7 +193,7 @@ def engine_options(settings: WorkerSettings, location: str, takes_revision: bool
         "scheduling_policy": "priority",
         "trust_remote_code": settings.trust_remote_code,
         "structured_outputs_config": structured,
-        "disable_log_stats": False,  # the scheduler statistics feed the metrics; every core step sends them
+        "disable_log_stats": False,  # every core step sends its scheduler statistics: the metrics read them
     }
     if "max_prefill_tokens" in explicit:
         options["max_num_batched_tokens"] = settings.max_prefill_tokens
