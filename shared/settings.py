@@ -297,8 +297,8 @@ class WorkerSettings(TokenferrySettings):
     vllm_multiprocessing: Annotated[bool | None, ENGINE] = Field(
         None,
         description="vllm engine: its engine core in a child process (VLLM_ENABLE_V1_MULTIPROCESSING); "
-        "none: in the worker's process on CPU at bf16/fp16 (1.09-1.51x vLLM's server on 2 cores, "
-        "against 0.84-0.90x at c=32/64 in a child), a child elsewhere.",
+        "none: in the worker's process on CPU (fp32 1.00-1.29x vLLM's server on 2 cores, against "
+        "0.86-1.05x in a child; bf16 1.07-1.51x, against 0.84-0.90x at c=32/64), a child elsewhere.",
     )
     cpu_kernels: Annotated[bool, ENGINE] = Field(
         True,

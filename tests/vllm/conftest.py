@@ -1,6 +1,6 @@
 """Real processes on vLLM's engine: a gateway and two ``--engine vllm`` workers of the bundled model,
 ``a`` with vLLM's engine core in its own process (``--no-vllm-multiprocessing``, the default on
-CPU at half precision), ``b`` with it in a child (``--vllm-multiprocessing``).
+CPU), ``b`` with it in a child (``--vllm-multiprocessing``).
 
 Run by ``make test-vllm`` only (``.venv-vllm``); ``make test`` never collects this folder
 (``tests/conftest.py``). One cluster for the whole folder: a vLLM start costs a minute or

@@ -1,6 +1,6 @@
-"""Where ``--engine vllm`` runs vLLM's engine core: in the worker on CPU at half precision, in a child
-process at fp32, as the option says when it is set, and as the environment says when it is not; and
-how many prompt tokens a core step takes on CPU."""
+"""Where ``--engine vllm`` runs vLLM's engine core: in the worker on CPU at every dtype, as the option
+says when it is set, and as the environment says when it is not; and how many prompt tokens a core
+step takes on CPU."""
 
 from __future__ import annotations
 
@@ -21,12 +21,9 @@ def _placed(monkeypatch: pytest.MonkeyPatch, **settings: object) -> str:
     return value
 
 
-def test_half_precision_on_cpu_runs_the_core_in_the_worker_and_fp32_in_a_child(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    assert _placed(monkeypatch, dtype="bfloat16") == "0"
-    assert _placed(monkeypatch, dtype="float16") == "0"
-    assert _placed(monkeypatch, dtype="float32") == "1"
+def test_on_cpu_the_core_runs_in_the_worker_at_every_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    for dtype in ("bfloat16", "float16", "float32", "auto"):
+        assert _placed(monkeypatch, dtype=dtype) == "0"
 
 
 def test_the_option_decides_when_set_and_the_environment_when_not(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,8 +2,8 @@
 
 vLLM's V1 engine loop is what the protocol was modelled on: ``add_request`` with
 token ids, ``step`` returning each request's new tokens, ``abort_request``,
-``has_unfinished_requests``. Its engine core runs in the worker's process on CPU at half
-precision, where ``step`` steps it, and otherwise in a child process (vLLM's default), which computes the
+``has_unfinished_requests``. Its engine core runs in the worker's process on CPU, where
+``step`` steps it, and otherwise in a child process (vLLM's default), which computes the
 next step while the driver routes and publishes this one; there ``step`` only collects
 what the core has produced, waiting for it (``launch._place_engine_core`` says why).
 

@@ -134,38 +134,28 @@ def load_vllm_backend(
 
 
 def _place_engine_core(settings: WorkerSettings) -> None:
-    """Where vLLM's engine core runs: in this process on CPU at half precision unless told otherwise,
-    else in a child process (vLLM's default).
+    """Where vLLM's engine core runs: in this process on CPU unless told otherwise, else in a child
+    process (vLLM's default).
 
-    A child computes the next step while the worker processes and publishes this one; its hop
-    costs a fixed time per step (outputs serialized to the worker and back, one more process
-    waking on the model's cores). On the 2-core EPYC, in one run each, bf16 chat (~60-125 ms
-    steps) at c=32 and c=64 served 1.15x and 1.09x vLLM's own server with the core in the worker,
-    against 0.84-0.90x in a child; fp32 (~115-215 ms steps) served 0.84x and 0.98x in the worker,
-    0.94x and 1.06x in a child (docs/performance.md). So half precision on CPU runs it here. A
-    value in the environment stands unless the option is set, as vLLM's own variable.
+    A child computes the next step while the worker processes and publishes this one, but its hop
+    costs a fixed time per step (outputs serialized to the worker, one more process and vLLM's
+    executor process waking on the model's cores). On the 2-core EPYC with 512 prompt tokens a
+    step, two runs with both placements against vLLM's own server: fp32 chat at c=1/8/32/64
+    served 1.23-1.28x, 1.29x, 1.00-1.06x and 1.00-1.11x with the core in the worker against
+    0.89-0.94x, 1.05x, 0.95-0.96x and 0.86-1.05x in a child (long prompts 1.02x against 0.98x);
+    bf16 1.07-1.51x in the worker against 0.84-0.90x at c=32/64 in a child (docs/performance.md).
+    A value in the environment stands unless the option is set, as vLLM's own variable.
     """
     if settings.vllm_multiprocessing is not None:
         os.environ[CORE_PLACEMENT] = "1" if settings.vllm_multiprocessing else "0"
         return
-    in_worker = _on_cpu() and _half_precision_on_cpu(settings.dtype)
-    os.environ.setdefault(CORE_PLACEMENT, "0" if in_worker else "1")
+    os.environ.setdefault(CORE_PLACEMENT, "0" if _on_cpu() else "1")
 
 
 def _on_cpu() -> bool:
     from vllm.platforms import current_platform
 
     return bool(current_platform.is_cpu())
-
-
-def _half_precision_on_cpu(dtype: str) -> bool:
-    """Whether vLLM serves ``dtype`` at half precision on this CPU (``auto``: bf16 where the CPU runs
-    it, as the native engine's ``auto`` decides)."""
-    if dtype == "auto":
-        from worker.model.loading import cpu_runs_bf16
-
-        return cpu_runs_bf16()
-    return dtype in ("bfloat16", "float16")
 
 
 def _engine_args(settings: WorkerSettings, location: str, takes_revision: bool) -> Any:
