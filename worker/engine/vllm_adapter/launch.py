@@ -137,9 +137,11 @@ def _place_engine_core(settings: WorkerSettings) -> None:
     """Where vLLM's engine core runs: in this process on CPU unless told otherwise, else in a child
     process (vLLM's default).
 
-    A child computes the next step while the worker processes and publishes this one, but its hop
-    costs a fixed time per step (outputs serialized to the worker, one more process and vLLM's
-    executor process waking on the model's cores). On the 2-core EPYC with 512 prompt tokens a
+    A child computes the next step while the worker processes and publishes this one, but on CPU
+    vLLM then also runs the model in an executor process of its own (its CPU platform swaps the
+    ``uni`` executor for ``mp`` whenever the core has a process), so each step crosses two
+    processes through shared memory and back; with the core here vLLM's uniprocess executor runs
+    the model in this process's threads. On the 2-core EPYC with 512 prompt tokens a
     step, two runs with both placements against vLLM's own server: fp32 chat at c=1/8/32/64
     served 1.23-1.28x, 1.29x, 1.00-1.06x and 1.00-1.11x with the core in the worker against
     0.89-0.94x, 1.05x, 0.95-0.96x and 0.86-1.05x in a child (long prompts 1.02x against 0.98x);
