@@ -60,11 +60,9 @@ class VllmEngine:
     # ``add`` and ``abort`` may run on another thread while ``step`` waits (``EngineDriver`` reads it).
     concurrent_admission: bool = True
 
-    def __init__(
-        self, engine: Any, counts: SchedulerCounts, model_eos: frozenset[int], kv_tokens: int
-    ) -> None:
+    def __init__(self, engine: Any, model_eos: frozenset[int], kv_tokens: int) -> None:
         self._engine = engine
-        self._counts = counts
+        self._counts = SchedulerCounts()
         self._model_eos = model_eos
         self._kv_tokens = kv_tokens
         self._requests: dict[str, EngineRequest] = {}

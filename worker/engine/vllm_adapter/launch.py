@@ -72,7 +72,7 @@ def load_vllm_backend(
     from vllm.v1.engine.llm_engine import LLMEngine
 
     from worker.engine.vllm_adapter.child import tie_engine_core_to_this_process
-    from worker.engine.vllm_adapter.engine import SchedulerCounts, VllmEngine
+    from worker.engine.vllm_adapter.engine import VllmEngine
     from worker.model.loading import converted_gguf_dir
     from worker.requests.tokenization import HFTokenizer, load_chat_template
 
@@ -124,7 +124,7 @@ def load_vllm_backend(
         "vLLM engine up for %s (%s) in %.0f s", settings.model, model_config.dtype, time.monotonic() - started
     )
     return Backend(
-        VllmEngine(engine, SchedulerCounts(), tokenizer.eos_token_ids, kv_tokens),
+        VllmEngine(engine, tokenizer.eos_token_ids, kv_tokens),
         tokenizer,
         generation_config,
         int(model_config.max_model_len),
